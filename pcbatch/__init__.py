@@ -1,0 +1,25 @@
+"""pcbatch: program-counter autobatching for JAX.
+
+Write a recursive, control-heavy function for ONE example; decorate it with
+`@pcbatch.autobatch`; call it on a batch. It runs as a single `lax.while_loop`.
+"""
+from pcbatch.api import Autobatched, autobatch
+from pcbatch.errors import (
+    MaxStepsExceededError,
+    PcbatchError,
+    StackOverflowError,
+    TypeMismatchError,
+    UnsupportedSyntaxError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Autobatched",
+    "MaxStepsExceededError",
+    "PcbatchError",
+    "StackOverflowError",
+    "TypeMismatchError",
+    "UnsupportedSyntaxError",
+    "autobatch",
+]

@@ -1,0 +1,277 @@
+"""`pcbatch.autobatch`: the user-facing decorator."""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+from pcbatch import _context
+from pcbatch.errors import Loc, MaxStepsExceededError, StackOverflowError, UnsupportedSyntaxError
+from pcbatch.frontend import build_program
+from pcbatch.fsm import get_scheduler
+from pcbatch.ir.core import Program, StackProgram
+from pcbatch.ir.interpret import Trace, run_stack_program
+from pcbatch.lower import lower, specialize
+from pcbatch.runtime import MachineConfig, Status, run_machine
+
+tree_util = jax.tree_util
+
+
+def _unwrap(obj: Any) -> Callable | None:
+    return obj.fn if isinstance(obj, Autobatched) else None
+
+
+def _is_tracer(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+class Autobatched:
+    """A function written for one example that runs on a whole batch.
+
+    >>> import jax.numpy as jnp, pcbatch
+    >>> @pcbatch.autobatch
+    ... def fib(n):
+    ...     if n <= 1:
+    ...         return n
+    ...     return fib(n - 1) + fib(n - 2)
+    >>> fib(jnp.array([3, 7, 4, 5]))
+    Array([ 2, 13,  3,  5], dtype=int32)
+    """
+
+    def __init__(self, fn: Callable, *, in_axes: Any = 0, max_stack_depth: int = 64,
+                 max_steps: int | None = None, schedule: Any = "earliest"):
+        if not callable(fn):
+            raise TypeError(f"pcbatch.autobatch expects a function, got {fn!r}")
+        if max_stack_depth < 1:
+            raise ValueError("max_stack_depth must be at least 1")
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.in_axes = in_axes
+        self.max_stack_depth = max_stack_depth
+        self.max_steps = max_steps
+        self.scheduler = get_scheduler(schedule)
+        self.signature = inspect.signature(fn)
+        self._program: Program | None = None
+        self._lowered: dict[tuple[bool, ...], StackProgram] = {}
+        self._compiled: dict[Any, tuple[StackProgram, Callable]] = {}
+        self.trace_count = 0  # machines traced so far; a cache hit does not add one
+
+    def __repr__(self) -> str:
+        return f"<autobatched {self.fn.__qualname__}>"
+
+    # --- the program at each level --------------------------------------
+
+    def ir(self) -> Program:
+        """The block IR (Figure 2): one control-flow graph per function."""
+        if self._program is None:
+            self._program = build_program(self.fn, _unwrap)
+        return self._program
+
+    def lowered(self, *args: Any) -> StackProgram:
+        """The stack program (Figure 4) for these arguments, with each variable's
+        class (temporary / register / stacked / constant) and type."""
+        return self._prepare(args)[0]
+
+    # --- calling ---------------------------------------------------------
+
+    def __call__(self, *args: Any) -> Any:
+        if _context.python_mode():
+            return self.fn(*args)
+        if _context.building():
+            raise UnsupportedSyntaxError(
+                f"autobatched function `{self.__qualname__}` was called from primitive code",
+                Loc(self.fn.__code__.co_filename, self.fn.__code__.co_firstlineno),
+                "call it directly in the body of an autobatched function, not from an ordinary "
+                "helper function, lambda or comprehension.")
+        result, status, prog, batch = self._run(args)
+        if any(_is_tracer(x) for x in tree_util.tree_leaves((result, status))):
+            return self._checked_in_trace(result, status)
+        self._raise_for(status, prog, args)
+        return result
+
+    def checked(self, *args: Any) -> tuple[Any, Status]:
+        """Like calling, but returns `(result, status)` instead of raising, so it
+        can be used inside `jax.jit`: `status.overflow` and `status.unfinished` are
+        per-example flags; results of flagged examples are not meaningful."""
+        result, status, _, _ = self._run(args)
+        return result, status
+
+    def reference(self, *args: Any) -> Any:
+        """Run the original Python one example at a time (the test oracle)."""
+        batched, shared, batch = self._split(args)
+        outs = []
+        with _context.in_python_mode():
+            for i in range(batch):
+                example = [tree_util.tree_map(lambda x: x[i], a) if b else a for a, b in zip(batched, shared)]
+                outs.append(self.fn(*example))
+        return tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *outs)
+
+    def trace(self, *args: Any, max_steps: int | None = None) -> list[Trace]:
+        """What each example executes (blocks of `lowered(*args)`), one `Trace` each."""
+        prog = self.lowered(*args)
+        inputs, _, batch = self._inputs(prog, args)
+        return [run_stack_program(prog, self._example(prog, inputs, i), max_steps=max_steps) for i in range(batch)]
+
+    def with_schedule(self, schedule: Any) -> "Autobatched":
+        """The same function run under another scheduler."""
+        other = Autobatched(self.fn, in_axes=self.in_axes, max_stack_depth=self.max_stack_depth,
+                            max_steps=self.max_steps, schedule=schedule)
+        other._program, other._lowered = self._program, self._lowered
+        return other
+
+    # --- internals -------------------------------------------------------
+
+    def _bind(self, args: Sequence[Any]) -> list[Any]:
+        bound = self.signature.bind(*args)
+        bound.apply_defaults()
+        return list(bound.arguments.values())
+
+    def _split(self, args: Sequence[Any]) -> tuple[list[Any], list[bool], int]:
+        """Arguments with their batch axis moved to 0; which are batched; batch size."""
+        values = self._bind(args)
+        axes = self.in_axes
+        if isinstance(axes, (list, tuple)) and not hasattr(axes, "_fields"):
+            if len(axes) != len(args):
+                raise ValueError(f"in_axes has {len(axes)} entries but {len(args)} positional arguments were given")
+            axes = list(axes) + [None] * (len(values) - len(args))
+        else:
+            axes = [axes] * len(args) + [None] * (len(values) - len(args))
+        sizes: set[int] = set()
+        specs = []
+        for k, (value, ax) in enumerate(zip(values, axes)):
+            flat_axes = tree_util.tree_leaves(ax, is_leaf=lambda a: a is None)
+            if all(a is None for a in flat_axes):
+                specs.append(None)
+                continue
+            full = tree_util.tree_map(lambda a, x: tree_util.tree_map(lambda _: a, x),
+                                      ax, value, is_leaf=lambda a: a is None)
+            leaves_ax = tree_util.tree_leaves(full, is_leaf=lambda a: a is None)
+            for a, x in zip(leaves_ax, tree_util.tree_leaves(value)):
+                if a is not None:
+                    sizes.add(np.shape(x)[a])
+            specs.append(full)
+        if not sizes:
+            raise ValueError(f"{self.__qualname__}: no argument is batched (all in_axes are None)")
+        if len(sizes) > 1:
+            raise ValueError(f"{self.__qualname__}: batched arguments have different batch sizes {sorted(sizes)}")
+        batch = sizes.pop()
+        out = []
+        for value, spec in zip(values, specs):
+            if spec is None:
+                out.append(tree_util.tree_map(jnp.asarray, value))
+            else:
+                leaves_ax = tree_util.tree_leaves(spec, is_leaf=lambda a: a is None)
+                leaves, treedef = tree_util.tree_flatten(value)
+                moved = [jnp.broadcast_to(jnp.asarray(x), (batch,) + np.shape(x)) if a is None
+                         else jnp.moveaxis(jnp.asarray(x), a, 0) for a, x in zip(leaves_ax, leaves)]
+                out.append(tree_util.tree_unflatten(treedef, moved))
+        return out, [s is not None for s in specs], batch
+
+    def _inputs(self, prog: StackProgram, args: Sequence[Any]) -> tuple[dict[str, Any], tuple[bool, ...], int]:
+        values, batched, batch = self._split(args)
+        return dict(zip(prog.entry_params, values)), tuple(batched), batch
+
+    @staticmethod
+    def _example(prog: StackProgram, inputs: dict[str, Any], i: int) -> dict[str, Any]:
+        return {v: (x if prog.var_class.get(v) == "constant" else tree_util.tree_map(lambda a: a[i], x))
+                for v, x in inputs.items()}
+
+    def _prepare(self, args: Sequence[Any]) -> tuple[StackProgram, Callable, dict[str, Any], int]:
+        values, batched, batch = self._split(args)
+        shared = tuple(not b for b in batched)
+        key = (shared, batch, tuple(tree_util.tree_structure(v) for v in values),
+               tuple((np.shape(x), jnp.result_type(x)) for x in tree_util.tree_leaves(values)))
+        if key not in self._compiled:
+            if shared not in self._lowered:
+                self._lowered[shared] = lower(self.ir(), shared)
+            prog = self._lowered[shared]
+            types = {p: tree_util.tree_map(
+                         lambda x: jax.ShapeDtypeStruct(np.shape(x)[0 if s else 1:], jnp.result_type(x)), v)
+                     for p, v, s in zip(prog.entry_params, values, shared)}
+            with _context.in_building():
+                prog = specialize(prog, types)
+            self._compiled[key] = (prog, jax.jit(functools.partial(self._machine, prog, batch)))
+        prog, runner = self._compiled[key]
+        return prog, runner, dict(zip(prog.entry_params, values)), batch
+
+    def _machine(self, prog: StackProgram, batch: int, inputs: dict[str, Any]) -> tuple[Any, Status]:
+        self.trace_count += 1
+        config = MachineConfig(self.max_stack_depth, self.max_steps, self.scheduler)
+        with _context.in_building():
+            return run_machine(prog, inputs, batch, config)
+
+    def _run(self, args: Sequence[Any]) -> tuple[Any, Status, StackProgram, int]:
+        prog, runner, inputs, batch = self._prepare(args)
+        result, status = runner(inputs)
+        return result, status, prog, batch
+
+    def _checked_in_trace(self, result: Any, status: Status) -> Any:
+        """Inside jit we cannot raise: report through checkify (debug checks are
+        functionalized by `checkify.checkify`) and poison failed examples' floats."""
+        checkify.check(~jnp.any(status.overflow), "pcbatch: recursion deeper than max_stack_depth", debug=True)
+        checkify.check(~jnp.any(status.unfinished), "pcbatch: max_steps exceeded", debug=True)
+        failed = status.overflow | status.unfinished
+
+        def poison(x):
+            if not jnp.issubdtype(x.dtype, jnp.inexact):
+                return x
+            return jnp.where(failed.reshape((-1,) + (1,) * (x.ndim - 1)), jnp.nan, x)
+
+        return tree_util.tree_map(poison, result)
+
+    def _raise_for(self, status: Status, prog: StackProgram, args: Sequence[Any]) -> None:
+        overflow = np.nonzero(np.asarray(status.overflow))[0].tolist()
+        if overflow:
+            inputs, _, _ = self._inputs(prog, args)
+            needed = {}
+            for i in overflow[:5]:
+                limit = 8 * self.max_stack_depth
+                t = run_stack_program(prog, self._example(prog, inputs, i), max_steps=1_000_000, max_depth=limit)
+                needed[i] = (f"max_stack_depth={t.max_depth}" if t.finished else
+                             f"more than {limit} (runaway recursion?)" if t.max_depth > limit else
+                             f"at least {t.max_depth}")
+            raise StackOverflowError(overflow, self.max_stack_depth, needed)
+        unfinished = np.nonzero(np.asarray(status.unfinished))[0].tolist()
+        if unfinished:
+            pcs = np.asarray(status.pc)
+            where = []
+            for i in unfinished[:10]:
+                block = prog.blocks[int(pcs[i])]
+                where.append(f"example {i} at b{int(pcs[i])} ({block.label}"
+                             + (f", {block.loc}" if block.loc else "") + ")")
+            raise MaxStepsExceededError(unfinished, self.max_steps, where)
+
+
+def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: int = 64,
+              max_steps: int | None = None, schedule: Any = "earliest") -> Any:
+    """Batch a single-example function (recursion and control flow included).
+
+    Usable as `@autobatch`, `@autobatch(in_axes=(0, None))` or `autobatch(f, ...)`.
+
+    Args:
+      in_axes: like `jax.vmap`: per argument `0` (batched along that axis) or
+        `None` (shared by the whole batch, e.g. parameters); pytrees allowed.
+      max_stack_depth: deepest recursion (active frames) any example may reach.
+      max_steps: bound on machine steps; `None` means unbounded.
+      schedule: `"earliest"` or a scheduler object (see `pcbatch.fsm`).
+
+    >>> import jax.numpy as jnp, pcbatch
+    >>> @pcbatch.autobatch
+    ... def collatz(n):
+    ...     steps = 0
+    ...     while n != 1:
+    ...         n = n // 2 if n % 2 == 0 else 3 * n + 1
+    ...         steps += 1
+    ...     return steps
+    >>> collatz(jnp.array([1, 6, 27]))
+    Array([  0,   8, 111], dtype=int32)
+    """
+    options = dict(in_axes=in_axes, max_stack_depth=max_stack_depth, max_steps=max_steps, schedule=schedule)
+    if fn is None:
+        return lambda f: Autobatched(f, **options)
+    return Autobatched(fn, **options)

@@ -1,0 +1,84 @@
+"""Named exceptions. Every error a user can cause is a `PcbatchError`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A source position: file, line and the text of that line."""
+
+    filename: str
+    lineno: int
+    line: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno}"
+
+    def quote(self) -> str:
+        return f'  File "{self.filename}", line {self.lineno}\n    {self.line.strip()}'
+
+
+class PcbatchError(Exception):
+    """Base class of every pcbatch error."""
+
+
+class UnsupportedSyntaxError(PcbatchError):
+    """The function uses Python that pcbatch cannot batch.
+
+    Has `.filename` and `.lineno`; the message quotes the line and says what to
+    write instead.
+    """
+
+    def __init__(self, message: str, loc: Loc, hint: str = ""):
+        self.filename = loc.filename
+        self.lineno = loc.lineno
+        self.loc = loc
+        text = f"{message}\n{loc.quote()}"
+        if hint:
+            text += f"\nHint: {hint}"
+        super().__init__(text)
+
+
+class TypeMismatchError(PcbatchError):
+    """A variable gets different shapes, tree structures or incompatible dtypes
+    on different paths."""
+
+    def __init__(self, var: str, first: str, first_loc: Loc | None, second: str, second_loc: Loc | None):
+        self.var = var
+        where1 = f"\n{first_loc.quote()}" if first_loc else ""
+        where2 = f"\n{second_loc.quote()}" if second_loc else ""
+        super().__init__(
+            f"variable `{var}` has type {first} here:{where1}\nbut type {second} here:{where2}\n"
+            "Hint: every assignment to a variable (and every return of a function) must have the "
+            "same shape and tree structure; dtypes are joined by JAX's promotion rules. Use "
+            "separate variable names, or cast/reshape explicitly."
+        )
+
+
+class StackOverflowError(PcbatchError):
+    """Some example's recursion went deeper than `max_stack_depth`."""
+
+    def __init__(self, examples: list[int], max_stack_depth: int, needed: dict[int, str]):
+        self.examples = examples
+        self.max_stack_depth = max_stack_depth
+        self.needed = needed
+        shown = ", ".join(f"example {i} needs {needed.get(i, '?')}" for i in examples[:10])
+        more = "" if len(examples) <= 10 else f" (and {len(examples) - 10} more)"
+        super().__init__(
+            f"recursion deeper than max_stack_depth={max_stack_depth} in {len(examples)} example(s): "
+            f"{shown}{more}.\nHint: pass a larger `max_stack_depth=` to pcbatch.autobatch."
+        )
+
+
+class MaxStepsExceededError(PcbatchError):
+    """The machine ran `max_steps` iterations and some examples had not finished."""
+
+    def __init__(self, examples: list[int], max_steps: int, where: list[str]):
+        self.examples = examples
+        self.max_steps = max_steps
+        shown = ", ".join(examples_where for examples_where in where[:10])
+        super().__init__(
+            f"{len(examples)} example(s) still running after max_steps={max_steps} VM steps: {shown}.\n"
+            "Hint: a loop may not terminate for these inputs; otherwise raise `max_steps=`."
+        )

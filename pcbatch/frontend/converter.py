@@ -1,0 +1,497 @@
+"""Python `ast` of one function -> its block IR (Figure 2).
+
+One `visit_*` method per supported statement; expressions are flattened so
+that calls to autobatched functions and control-flow expressions (`x if c else
+y`, short-circuit `and`/`or`) become their own ops and blocks, and everything
+else stays a `Prim` of the user's own source.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import linecache
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from pcbatch.errors import Loc, UnsupportedSyntaxError
+from pcbatch.frontend.compile_ops import BoolRewriter, OpCompiler
+from pcbatch.ir.cfg import simplify
+from pcbatch.ir.core import Block, Branch, Call, Function, Jump, Op, Prim, Return
+
+# resolve(obj) -> (IR name, signature) when obj is an autobatched function.
+Resolver = Callable[[Any], Optional[tuple[str, inspect.Signature]]]
+
+_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+_HINTS: dict[type, tuple[str, str]] = {
+    ast.Try: ("`try` is not supported", "JAX values do not raise; check conditions explicitly and branch with `if`."),
+    ast.With: ("`with` is not supported", "move the context manager outside the autobatched function."),
+    ast.AsyncWith: ("`async with` is not supported", "use plain synchronous code."),
+    ast.AsyncFor: ("`async for` is not supported", "use `for i in range(...)`."),
+    ast.Raise: ("`raise` is not supported", "return a status value, or use jax.experimental.checkify outside."),
+    ast.Assert: ("`assert` is not supported", "return a status value, or use jax.experimental.checkify outside."),
+    ast.Global: ("`global` is not supported", "pass the value in as an argument and return the new value."),
+    ast.Nonlocal: ("`nonlocal` is not supported", "pass the value in as an argument and return the new value."),
+    ast.Delete: ("`del` is not supported", "just stop using the variable."),
+    ast.Import: ("`import` inside an autobatched function is not supported", "import at module level."),
+    ast.ImportFrom: ("`import` inside an autobatched function is not supported", "import at module level."),
+    ast.ClassDef: ("a class definition inside an autobatched function is not supported", "define it at module level."),
+    ast.FunctionDef: ("a nested `def` is not supported",
+                      "define the helper at module level (decorate it with @pcbatch.autobatch if it "
+                      "has data-dependent control flow or recursion)."),
+    ast.AsyncFunctionDef: ("a nested `async def` is not supported", "define it at module level."),
+    ast.Match: ("`match` is not supported", "use `if`/`elif`/`else`."),
+}
+
+
+@dataclass
+class _Block:
+    label: str
+    ops: list[Op] = field(default_factory=list)
+    term: Any = None
+    loc: Loc | None = None
+
+
+def _assigned_names(stmts: list[ast.stmt]) -> set[str]:
+    """Names the function body binds (Python's rule for what is local)."""
+    out: set[str] = set()
+
+    def targets(t: ast.expr) -> None:
+        for n in ast.walk(t):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                out.add(n.id)
+
+    for node in stmts:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Assign):
+                for t in sub.targets:
+                    targets(t)
+            elif isinstance(sub, (ast.AugAssign, ast.AnnAssign, ast.For)):
+                targets(sub.target)
+    return out
+
+
+def _free_loads(node: ast.AST) -> list[str]:
+    """Names read by `node`, in order, not counting names bound inside lambdas or comprehensions."""
+    seen: list[str] = []
+
+    def visit(n: ast.AST, bound: frozenset[str]) -> None:
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            if n.id not in bound and n.id not in seen:
+                seen.append(n.id)
+            return
+        if isinstance(n, _SCOPES):
+            inner = set(bound)
+            if isinstance(n, ast.Lambda):
+                inner |= {a.arg for a in n.args.args + n.args.posonlyargs + n.args.kwonlyargs}
+            else:
+                for gen in n.generators:
+                    for t in ast.walk(gen.target):
+                        if isinstance(t, ast.Name):
+                            inner.add(t.id)
+            for child in ast.iter_child_nodes(n):
+                visit(child, frozenset(inner))
+            return
+        for child in ast.iter_child_nodes(n):
+            visit(child, bound)
+
+    visit(node, frozenset())
+    return seen
+
+
+def _store_names(target: ast.expr) -> list[str]:
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+
+
+def _is_boolish(node: ast.expr) -> bool:
+    """Expressions whose value is a boolean, so `and`/`or` equal logical ops."""
+    if isinstance(node, ast.Compare):
+        return True
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, bool)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return True
+    if isinstance(node, ast.BoolOp):
+        return all(_is_boolish(v) for v in node.values)
+    return False
+
+
+def _source(fn: Callable) -> tuple[ast.FunctionDef, str, list[str]]:
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        filename = inspect.getsourcefile(fn) or fn.__code__.co_filename
+    except (OSError, TypeError) as e:
+        raise UnsupportedSyntaxError(
+            f"cannot read the source of {fn!r}", Loc(fn.__code__.co_filename, fn.__code__.co_firstlineno),
+            "pcbatch needs the function's source: define it in a file (or a notebook cell), not via exec.",
+        ) from e
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    ast.increment_lineno(tree, start - 1)
+    fdef = tree.body[0]
+    if not isinstance(fdef, ast.FunctionDef):
+        raise UnsupportedSyntaxError(
+            "pcbatch.autobatch needs a function defined with `def`", Loc(filename, start, lines[0]),
+            "write `def f(...):` instead of a lambda.")
+    all_lines = linecache.getlines(filename) or []
+    if len(all_lines) < fdef.end_lineno:  # e.g. source from a notebook cell
+        all_lines = [""] * (start - 1) + lines
+    return fdef, filename, all_lines
+
+
+class Converter:
+    """Builds one `Function` from a Python function."""
+
+    def __init__(self, fn: Callable, name: str, resolve: Resolver):
+        self.fdef, self.filename, self.lines = _source(fn)
+        self.name = name
+        self.resolve = resolve
+        self.compiler = OpCompiler(fn, self.filename)
+        self.params = self._params()
+        self.locals = set(self.params) | _assigned_names(self.fdef.body)
+        self.temp_prefix = "_t"
+        while any(v.startswith(self.temp_prefix) for v in self.locals):
+            self.temp_prefix = "_" + self.temp_prefix
+        self.ntemps = 0
+        self.blocks: list[_Block] = []
+        self.cur: int | None = None
+        self.loops: list[tuple[int, int]] = []  # (continue target, break target)
+        self.bool_rewriter = BoolRewriter()
+
+    # --- helpers ---------------------------------------------------------
+
+    def loc(self, node: ast.AST) -> Loc:
+        lineno = getattr(node, "lineno", self.fdef.lineno)
+        line = self.lines[lineno - 1] if 0 < lineno <= len(self.lines) else ""
+        return Loc(self.filename, lineno, line.rstrip("\n"))
+
+    def unsupported(self, node: ast.AST, message: str, hint: str = "") -> UnsupportedSyntaxError:
+        return UnsupportedSyntaxError(message, self.loc(node), hint)
+
+    def temp(self) -> str:
+        self.ntemps += 1
+        name = f"{self.temp_prefix}{self.ntemps}"
+        self.locals.add(name)
+        return name
+
+    def new_block(self, label: str, loc: Loc | None = None) -> int:
+        self.blocks.append(_Block(label, loc=loc))
+        return len(self.blocks) - 1
+
+    def here(self, node: ast.AST) -> _Block:
+        """The block being filled; code after a return/break starts an unreachable one."""
+        if self.cur is None:
+            self.cur = self.new_block("dead", self.loc(node))
+        return self.blocks[self.cur]
+
+    def terminate(self, term: Any) -> None:
+        if self.cur is not None:
+            self.blocks[self.cur].term = term
+        self.cur = None
+
+    def emit(self, node: ast.AST, op: Op) -> None:
+        block = self.here(node)
+        if block.loc is None:
+            block.loc = self.loc(node)
+        block.ops.append(op)
+
+    def emit_stmt(self, stmt: ast.stmt, outs: tuple[str, ...], text: str) -> None:
+        """A statement with no autobatched calls left in it becomes one Prim."""
+        stmt = self.bool_rewriter.visit(stmt)
+        ins = tuple(n for n in _free_loads(stmt) if n in self.locals)
+        fn = self.compiler.compile(stmt, ins, outs)
+        self.emit(stmt, Prim(outs, ins, fn, text, self.loc(stmt)))
+
+    def assign(self, target: str, value: ast.expr, node: ast.AST) -> None:
+        stmt = ast.copy_location(ast.Assign([ast.Name(target, ast.Store())], value), node)
+        self.emit_stmt(stmt, (target,), ast.unparse(value))
+
+    def atom(self, expr: ast.expr) -> str:
+        """Evaluate `expr` into a variable and return its name."""
+        flat = self.flatten(expr)
+        if isinstance(flat, ast.Name) and flat.id in self.locals:
+            return flat.id
+        t = self.temp()
+        self.assign(t, flat, expr)
+        return t
+
+    # --- expressions -----------------------------------------------------
+
+    def resolve_callee(self, func: ast.expr) -> Optional[tuple[str, inspect.Signature]]:
+        parts: list[str] = []
+        while isinstance(func, ast.Attribute):
+            parts.append(func.attr)
+            func = func.value
+        if not isinstance(func, ast.Name) or func.id in self.locals:
+            return None
+        try:
+            obj = self.compiler.lookup(func.id)
+            for attr in reversed(parts):
+                obj = getattr(obj, attr)
+        except (KeyError, AttributeError):
+            return None
+        return self.resolve(obj)
+
+    def flatten(self, node: ast.expr) -> ast.expr:
+        """Hoist autobatched calls and control-flow expressions out of `node`."""
+        if isinstance(node, ast.Call):
+            callee = self.resolve_callee(node.func)
+            if callee is not None:
+                return ast.copy_location(ast.Name(self.call(node, *callee), ast.Load()), node)
+        if isinstance(node, ast.IfExp):
+            return ast.copy_location(ast.Name(self.if_expr(node), ast.Load()), node)
+        if isinstance(node, ast.BoolOp) and not (
+            _is_boolish(node) and not any(self.has_batched_call(v) for v in node.values[1:])
+        ):
+            return ast.copy_location(ast.Name(self.short_circuit(node), ast.Load()), node)
+        if isinstance(node, ast.NamedExpr):
+            raise self.unsupported(node, "the walrus operator `:=` is not supported",
+                                   "assign on a separate line.")
+        if isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
+            raise self.unsupported(node, "generators and `await` are not supported",
+                                   "return the values instead of yielding them.")
+        if isinstance(node, _SCOPES):
+            if self.has_batched_call(node):
+                raise self.unsupported(node, "a call to an autobatched function inside a lambda or "
+                                             "comprehension is not supported",
+                                       "write the loop as `for i in range(n):` in the function body.")
+            if isinstance(node, ast.Lambda) and any(isinstance(n, (ast.IfExp, ast.BoolOp)) for n in ast.walk(node)):
+                raise self.unsupported(node, "a lambda with control flow is not supported",
+                                       "define a module-level function, or use jnp.where.")
+            return node
+        for name, value in ast.iter_fields(node):
+            if isinstance(value, ast.expr):
+                setattr(node, name, self.flatten(value))
+            elif isinstance(value, list):
+                setattr(node, name, [self.flatten(v) if isinstance(v, ast.expr) else v for v in value])
+        return node
+
+    def has_batched_call(self, node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Call) and self.resolve_callee(n.func) is not None for n in ast.walk(node))
+
+    def call(self, node: ast.Call, callee: str, sig: inspect.Signature) -> str:
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            raise self.unsupported(node, "`*args`/`**kwargs` in a call to an autobatched function are not supported",
+                                   "pass each argument explicitly.")
+        placeholders = list(range(len(node.args)))
+        try:
+            bound = sig.bind(*placeholders, **{k.arg: k.value for k in node.keywords})
+        except TypeError as e:
+            raise self.unsupported(node, f"call to `{callee}` does not match its signature {sig}: {e}") from e
+        args: list[str] = []
+        for pname, param in sig.parameters.items():
+            if pname in bound.arguments:
+                value = bound.arguments[pname]
+                args.append(self.atom(node.args[value] if isinstance(value, int) else value))
+            else:
+                t = self.temp()
+                default = param.default
+                self.emit(node, Prim((t,), (), lambda d=default: (d,), repr(default), self.loc(node)))
+                args.append(t)
+        out = self.temp()
+        self.emit(node, Call(out, callee, tuple(args), self.loc(node)))
+        return out
+
+    def if_expr(self, node: ast.IfExp) -> str:
+        out = self.temp()
+        cond = self.atom(node.test)
+        then_b, else_b, join = (self.new_block(s, self.loc(node)) for s in ("ifexp.then", "ifexp.else", "ifexp.join"))
+        self.terminate(Branch(cond, then_b, else_b, self.loc(node)))
+        for block, value in ((then_b, node.body), (else_b, node.orelse)):
+            self.cur = block
+            self.assign(out, self.flatten(value), value)
+            self.terminate(Jump(join))
+        self.cur = join
+        return out
+
+    def short_circuit(self, node: ast.BoolOp) -> str:
+        """`a and b`: b only where a is truthy; the value is the last operand evaluated."""
+        out = self.temp()
+        join = self.new_block("boolop.join", self.loc(node))
+        self.assign(out, self.flatten(node.values[0]), node.values[0])
+        for value in node.values[1:]:
+            nxt = self.new_block("boolop.next", self.loc(value))
+            is_and = isinstance(node.op, ast.And)
+            self.terminate(Branch(out, nxt if is_and else join, join if is_and else nxt, self.loc(value)))
+            self.cur = nxt
+            self.assign(out, self.flatten(value), value)
+        self.terminate(Jump(join))
+        self.cur = join
+        return out
+
+    # --- statements ------------------------------------------------------
+
+    def convert(self) -> Function:
+        self.cur = self.new_block("entry", self.loc(self.fdef))
+        body = self.fdef.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # docstring
+        self.statements(body)
+        if self.cur is not None:  # falling off the end returns None
+            self.visit_Return(ast.copy_location(ast.Return(None), self.fdef.body[-1]))
+        blocks = tuple(Block(b.label, tuple(b.ops), b.term, b.loc) for b in self.blocks)
+        return Function(self.name, self.params, simplify(blocks), self.loc(self.fdef))
+
+    def _params(self) -> tuple[str, ...]:
+        a = self.fdef.args
+        if a.vararg or a.kwarg or a.kwonlyargs:
+            raise self.unsupported(self.fdef, "`*args`, `**kwargs` and keyword-only parameters are not supported",
+                                   "use plain positional parameters (pytrees such as tuples and dicts are fine).")
+        return tuple(p.arg for p in a.posonlyargs + a.args)
+
+    def statements(self, stmts: list[ast.stmt]) -> None:
+        for stmt in stmts:
+            visit = getattr(self, f"visit_{type(stmt).__name__}", None)
+            if visit is None:
+                message, hint = _HINTS.get(type(stmt), (f"`{type(stmt).__name__}` statements are not supported", ""))
+                raise self.unsupported(stmt, message, hint)
+            visit(stmt)
+
+    def check_target(self, target: ast.expr) -> None:
+        for n in ast.walk(target):
+            if isinstance(n, (ast.Subscript, ast.Attribute)) and isinstance(n.ctx, ast.Store):
+                raise self.unsupported(n, "assigning to an element or attribute is not supported (JAX arrays are immutable)",
+                                       "write `x = x.at[i].set(v)` for arrays, or build a new tuple/dict.")
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for t in node.targets:
+            self.check_target(t)
+        value = self.flatten(node.value)
+        outs = tuple(dict.fromkeys(n for t in node.targets for n in _store_names(t)))
+        self.emit_stmt(ast.copy_location(ast.Assign(node.targets, value), node), outs,
+                       ast.unparse(value))
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self.check_target(node.target)
+        name = node.target.id  # check_target leaves only a Name
+        value = ast.BinOp(ast.Name(name, ast.Load()), node.op, self.flatten(node.value))
+        self.assign(name, ast.copy_location(value, node), node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.visit_Assign(ast.copy_location(ast.Assign([node.target], node.value), node))
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        value = self.flatten(node.value)
+        if not isinstance(value, (ast.Name, ast.Constant)):
+            self.emit_stmt(ast.copy_location(ast.Expr(value), node), (), ast.unparse(value))
+
+    def visit_Pass(self, node: ast.Pass) -> None:
+        pass
+
+    def visit_Return(self, node: ast.Return) -> None:
+        value = node.value if node.value is not None else ast.copy_location(ast.Constant(None), node)
+        var = self.atom(value)
+        self.here(node)
+        self.terminate(Return(var))
+
+    def visit_If(self, node: ast.If) -> None:
+        cond = self.atom(node.test)
+        then_b = self.new_block("if.then", self.loc(node.body[0]))
+        else_b = self.new_block("if.else", self.loc(node.orelse[0]) if node.orelse else None)
+        join = self.new_block("if.join")
+        self.here(node)
+        self.terminate(Branch(cond, then_b, else_b, self.loc(node)))
+        for block, body in ((then_b, node.body), (else_b, node.orelse)):
+            self.cur = block
+            self.statements(body)
+            self.terminate(Jump(join))
+        self.cur = join
+
+    def visit_While(self, node: ast.While) -> None:
+        if node.orelse:
+            raise self.unsupported(node, "`while ... else` is not supported", "use a flag variable.")
+        header = self.new_block("while.header", self.loc(node))
+        body = self.new_block("while.body", self.loc(node.body[0]))
+        exit_ = self.new_block("while.exit")
+        self.here(node)
+        self.terminate(Jump(header))
+        self.cur = header
+        cond = self.atom(node.test)
+        self.terminate(Branch(cond, body, exit_, self.loc(node)))
+        self.loop_body(body, header, exit_, node.body)
+        self.cur = exit_
+
+    def loop_body(self, body: int, cont: int, exit_: int, stmts: list[ast.stmt]) -> None:
+        self.loops.append((cont, exit_))
+        self.cur = body
+        self.statements(stmts)
+        self.terminate(Jump(cont))
+        self.loops.pop()
+
+    def visit_For(self, node: ast.For) -> None:
+        """`for i in range(a, b, s)` with any (data-dependent) bounds is a while loop."""
+        it = node.iter
+        is_range = (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id not in self.locals
+                    and self._lookup(it.func.id) is range and not it.keywords and 1 <= len(it.args) <= 3)
+        if not is_range:
+            raise self.unsupported(node, "`for` over anything but `range(...)` is not supported",
+                                   "iterate over indices: `for i in range(n): x = xs[i]`.")
+        if node.orelse:
+            raise self.unsupported(node, "`for ... else` is not supported", "use a flag variable.")
+        if not isinstance(node.target, ast.Name):
+            raise self.unsupported(node, "the loop variable of `for` must be a single name")
+        args = list(it.args)
+        start, stop, step = ([ast.Constant(0)] + args + [ast.Constant(1)])[:3] if len(args) == 1 else (
+            args + [ast.Constant(1)])[:3]
+        sign = self._constant_sign(step)
+        if sign == 0:
+            raise self.unsupported(node, "range() step must not be zero")
+        counter, stop_v, step_v = self.temp(), self.atom(stop), self.atom(step)
+        self.assign(counter, self.flatten(start), node)
+        header = self.new_block("for.header", self.loc(node))
+        body = self.new_block("for.body", self.loc(node.body[0]))
+        latch = self.new_block("for.next", self.loc(node))
+        exit_ = self.new_block("for.exit")
+        self.terminate(Jump(header))
+        self.cur = header
+        c, s, st = (ast.Name(v, ast.Load()) for v in (counter, stop_v, step_v))
+        if sign > 0:
+            test: ast.expr = ast.Compare(c, [ast.Lt()], [s])
+        elif sign < 0:
+            test = ast.Compare(c, [ast.Gt()], [s])
+        else:  # step known only at run time
+            test = ast.parse(f"{counter} < {stop_v} if {step_v} > 0 else {counter} > {stop_v}", mode="eval").body
+            test = ast.Call(ast.Attribute(ast.Name("_pcbatch_jnp", ast.Load()), "where", ast.Load()),
+                            [test.test, test.body, test.orelse], [])
+        cond = self.temp()
+        self.assign(cond, ast.copy_location(test, node), node)
+        self.terminate(Branch(cond, body, exit_, self.loc(node)))
+        self.cur = body
+        self.assign(node.target.id, ast.Name(counter, ast.Load()), node)
+        self.loop_body(body, latch, exit_, node.body)
+        self.cur = latch
+        self.assign(counter, ast.BinOp(ast.Name(counter, ast.Load()), ast.Add(), ast.Name(step_v, ast.Load())), node)
+        self.terminate(Jump(header))
+        self.cur = exit_
+
+    def _lookup(self, name: str) -> Any:
+        try:
+            return self.compiler.lookup(name)
+        except KeyError:
+            return None
+
+    @staticmethod
+    def _constant_sign(node: ast.expr) -> int | None:
+        try:
+            value = ast.literal_eval(node)
+        except ValueError:
+            return None
+        return (value > 0) - (value < 0) if isinstance(value, int) else None
+
+    def visit_Break(self, node: ast.Break) -> None:
+        self.here(node)
+        self.terminate(Jump(self.loops[-1][1]))
+
+    def visit_Continue(self, node: ast.Continue) -> None:
+        self.here(node)
+        self.terminate(Jump(self.loops[-1][0]))
+
+
+def convert_function(fn: Callable, name: str, resolve: Resolver) -> Function:
+    """The block IR (Figure 2) of the Python function `fn`."""
+    if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn):
+        raise UnsupportedSyntaxError("generators and coroutines are not supported",
+                                     Loc(fn.__code__.co_filename, fn.__code__.co_firstlineno),
+                                     "return the values instead of yielding them.")
+    return Converter(fn, name, resolve).convert()

@@ -1,0 +1,44 @@
+"""Collects every autobatched function reachable from an entry into a `Program`."""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Optional
+
+from pcbatch.frontend.converter import convert_function
+from pcbatch.ir.core import Program
+from pcbatch.ir.verify import verify_program
+
+
+def build_program(entry: Callable, unwrap: Callable[[Any], Optional[Callable]]) -> Program:
+    """Convert `entry` and, transitively, the autobatched functions it calls.
+
+    `unwrap(obj)` returns the Python function behind an autobatched object, or
+    None for anything else; callees are looked up in each function's globals
+    now, so mutual recursion works in any definition order.
+    """
+    names: dict[Callable, str] = {}
+    queue: list[Callable] = []
+
+    def name_for(fn: Callable) -> str:
+        if fn not in names:
+            base = fn.__qualname__.replace(".<locals>.", ".")
+            name, k = base, 1
+            while name in names.values():
+                k += 1
+                name = f"{base}_{k}"
+            names[fn] = name
+            queue.append(fn)
+        return names[fn]
+
+    def resolve(obj: Any) -> Optional[tuple[str, inspect.Signature]]:
+        fn = unwrap(obj)
+        return None if fn is None else (name_for(fn), inspect.signature(fn))
+
+    entry_name = name_for(entry)
+    functions = []
+    while queue:
+        fn = queue.pop(0)
+        functions.append(convert_function(fn, names[fn], resolve))
+    program = Program(tuple(functions), entry_name)
+    verify_program(program)
+    return program

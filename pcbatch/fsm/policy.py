@@ -1,0 +1,197 @@
+"""A learned FSM batching policy (ED-Batch §2.2): frontier state -> next block.
+
+The state is an encoding of which blocks have ready lanes:
+
+- ``base``: E_base, the set of blocks with a ready lane, ascending.
+- ``max``:  E_max, the most common ready block (lowest on ties), then E_base.
+- ``sort``: E_sort, the blocks with a ready lane, most ready lanes first
+  (ties: lower block first).
+
+On the host a state is a tuple of block indices.  On the device it is the same
+tuple padded with ``num_types`` to a fixed width, computed from
+`Frontier.counts` and matched exactly against the rows of a table compiled
+into the program (a ``[rows, width]`` int32 compare per VM step; no host round
+trip, any number of blocks).  A state missing from the table falls back to
+the earliest ready block, as does a table action that is not ready.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pcbatch.fsm.base import Frontier
+from pcbatch.fsm.simulate import Simulation
+
+ENCODINGS = ("base", "max", "sort")
+State = tuple[int, ...]
+_FORMAT = "pcbatch.fsm.Policy/1"
+
+
+def encode_state(counts: np.ndarray, encoding: str) -> State:
+    """Host-side state encoding of the ready-lane counts per block."""
+    ready = np.flatnonzero(counts > 0)
+    if encoding == "base":
+        return tuple(ready.tolist())
+    if encoding == "max":
+        return (int(np.argmax(counts)), *ready.tolist())
+    if encoding == "sort":
+        # Negated counts: ready blocks first, most lanes first, stable on ties.
+        return tuple(np.argsort(-counts, kind="stable")[: ready.size].tolist())
+    raise ValueError(f"unknown encoding {encoding!r}; expected one of {ENCODINGS}")
+
+
+def encode_state_device(counts: jax.Array, encoding: str) -> jax.Array:
+    """Device-side `encode_state`, padded with num_blocks to a static width."""
+    num_blocks = counts.shape[0]
+    ready = counts > 0
+    if encoding == "sort":
+        order = jnp.argsort(-counts, stable=True)
+    else:
+        order = jnp.argsort(~ready, stable=True)  # ready blocks first, ascending
+    key = jnp.where(ready[order], order, num_blocks).astype(jnp.int32)
+    if encoding == "max":
+        key = jnp.concatenate([jnp.argmax(counts)[None].astype(jnp.int32), key])
+    return key
+
+
+def key_width(num_types: int, encoding: str) -> int:
+    return num_types + (encoding == "max")
+
+
+class Policy:
+    """A table state -> block, usable as a device `Scheduler` and a host policy.
+
+    transitions: (from_state, to_state, count) seen when the policy was
+    replayed on its training graphs.
+    info: free-form training statistics (JSON-serialisable).
+    """
+
+    name = "fsm"
+
+    def __init__(
+        self,
+        num_types: int,
+        encoding: str,
+        table: Mapping[State, int],
+        transitions: Sequence[tuple[State, State, int]] = (),
+        info: Mapping[str, Any] | None = None,
+    ) -> None:
+        if encoding not in ENCODINGS:
+            raise ValueError(f"unknown encoding {encoding!r}; expected one of {ENCODINGS}")
+        self._lookup: dict[State, int] = {tuple(int(t) for t in s): int(a) for s, a in table.items()}
+        for state, block in self._lookup.items():
+            if block not in state or not all(0 <= t < num_types for t in state):
+                raise ValueError(f"bad table entry {state} -> {block}")
+        self.num_types = num_types
+        self.encoding = encoding
+        # Deterministic order: shorter states first, then lexicographic.
+        self.states: list[State] = sorted(self._lookup, key=lambda s: (len(s), s))
+        self.actions: list[int] = [self._lookup[s] for s in self.states]
+        index = {s: i for i, s in enumerate(self.states)}
+        # As (from_index, to_index, count) into self.states.
+        self.transitions = [(index[tuple(a)], index[tuple(b)], int(n)) for a, b, n in transitions]
+        self.info = dict(info or {})
+
+    def lookup(self, state: State) -> int | None:
+        """The block the table chooses in `state`, or None for an unseen state."""
+        return self._lookup.get(state)
+
+    # -- host side -------------------------------------------------------------
+
+    def __call__(self, sim: Simulation) -> int:
+        block = self.lookup(encode_state(sim.counts, self.encoding))
+        if block is None or sim.counts[block] == 0:
+            return int(np.argmax(sim.counts > 0))
+        return block
+
+    # -- device side (the `Scheduler` protocol) --------------------------------
+
+    @cached_property
+    def _device_table(self) -> tuple[np.ndarray, np.ndarray]:
+        width = key_width(self.num_types, self.encoding)
+        keys = np.full((len(self.states) + 1, width), self.num_types, np.int32)
+        for row, state in enumerate(self.states):
+            keys[row, : len(state)] = state
+        # A final row of -1 never matches, so an empty table still has a row.
+        keys[-1] = -1
+        return keys, np.asarray([*self.actions, 0], np.int32)
+
+    def init(self, num_blocks: int, num_lanes: int) -> Any:
+        if num_blocks != self.num_types:
+            raise ValueError(f"policy learned for {self.num_types} blocks, program has {num_blocks}")
+        return ()
+
+    def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:
+        counts = frontier.counts
+        keys, actions = self._device_table
+        key = encode_state_device(counts, self.encoding)
+        match = jnp.all(jnp.asarray(keys) == key[None, :], axis=1)
+        row = jnp.argmax(match)
+        block = jnp.asarray(actions)[row]
+        earliest = jnp.argmax(counts > 0)
+        ok = match[row] & (counts[block] > 0)
+        return jnp.where(ok, block, earliest).astype(jnp.int32), carry
+
+    # -- inspection and persistence ----------------------------------------------
+
+    def table(self, names: Sequence[str] | None = None) -> str:
+        """The table as text, one ``state -> block`` line per state."""
+        label = (lambda t: names[t]) if names is not None else str
+        order = {"base": "ready blocks", "max": "most ready, then ready blocks", "sort": "ready blocks, most lanes first"}
+        lines = [
+            f"FSM policy: encoding={self.encoding}, {len(self.states)} states, unseen states run the earliest ready block",
+            f"state ({order[self.encoding]}) -> block to run",
+        ]
+        lines += [f"[{', '.join(label(t) for t in s)}] -> {label(a)}" for s, a in zip(self.states, self.actions)]
+        return "\n".join(lines)
+
+    def graph(self) -> dict[str, list]:
+        """The FSM as plain data: states, chosen blocks, transitions seen.
+
+        ``{"states": [[block, ...], ...], "chosen": [block, ...],
+        "transitions": [(from_index, to_index, count), ...]}``
+        """
+        return {
+            "states": [list(s) for s in self.states],
+            "chosen": list(self.actions),
+            "transitions": list(self.transitions),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": _FORMAT,
+            "num_types": self.num_types,
+            "encoding": self.encoding,
+            "states": [list(s) for s in self.states],
+            "actions": self.actions,
+            "transitions": [list(t) for t in self.transitions],
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Policy:
+        if data.get("format") != _FORMAT:
+            raise ValueError(f"not a saved policy (format {data.get('format')!r})")
+        states = [tuple(s) for s in data["states"]]
+        table = dict(zip(states, data["actions"], strict=True))
+        transitions = [(states[a], states[b], n) for a, b, n in data["transitions"]]
+        return cls(data["num_types"], data["encoding"], table, transitions, data["info"])
+
+    def save(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Policy:
+        with open(path) as f:
+            return cls.from_json(json.load(f))
+
+    def __repr__(self) -> str:
+        return f"Policy(encoding={self.encoding!r}, num_types={self.num_types}, states={len(self.states)})"

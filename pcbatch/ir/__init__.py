@@ -1,0 +1,28 @@
+"""The block IR: types, printer, verifier and reference interpreters."""
+from pcbatch.ir.core import (
+    CONSTANT,
+    REGISTER,
+    STACKED,
+    TEMPORARY,
+    Block,
+    Branch,
+    Call,
+    Function,
+    Jump,
+    Pop,
+    Prim,
+    Program,
+    Push,
+    PushJump,
+    Return,
+    StackProgram,
+    Update,
+)
+from pcbatch.ir.interpret import Trace, run_program, run_stack_program
+from pcbatch.ir.verify import IRError, verify_program, verify_stack_program
+
+__all__ = [
+    "CONSTANT", "REGISTER", "STACKED", "TEMPORARY", "Block", "Branch", "Call", "Function", "IRError", "Jump",
+    "Pop", "Prim", "Program", "Push", "PushJump", "Return", "StackProgram", "Trace", "Update", "run_program",
+    "run_stack_program", "verify_program", "verify_stack_program",
+]

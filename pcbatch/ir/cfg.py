@@ -1,0 +1,79 @@
+"""Control-flow-graph clean-up on one function's blocks.
+
+Every block costs the machine one step, so empty jump blocks are threaded
+through and straight-line chains are merged before anything else sees them.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pcbatch.ir.core import Block, Branch, Jump, PushJump, successors
+
+
+def _retarget(block: Block, mapping: dict[int, int]) -> Block:
+    t = block.term
+    if isinstance(t, Jump):
+        t = Jump(mapping[t.target])
+    elif isinstance(t, Branch):
+        t = replace(t, true=mapping[t.true], false=mapping[t.false])
+    elif isinstance(t, PushJump):
+        t = PushJump(mapping[t.target], mapping[t.ret])
+    return replace(block, term=t)
+
+
+def reachable(blocks: tuple[Block, ...], start: int = 0) -> list[int]:
+    """Indices reachable from `start`, in increasing order."""
+    seen, order, stack = set(), [], [start]
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        order.append(i)
+        stack.extend(reversed(successors(blocks[i].term)))
+    return sorted(order)
+
+
+def renumber(blocks: tuple[Block, ...], keep: list[int]) -> tuple[Block, ...]:
+    """Keep only the blocks `keep` (which must be closed under successors), renumbered."""
+    mapping = {old: new for new, old in enumerate(keep)}
+    return tuple(_retarget(blocks[i], mapping) for i in keep)
+
+
+def simplify(blocks: tuple[Block, ...]) -> tuple[Block, ...]:
+    """Drop unreachable blocks, thread jumps to empty blocks, merge chains."""
+    blocks = renumber(blocks, reachable(blocks))
+    changed = True
+    while changed:
+        changed = False
+        # Thread: a jump to an empty block that only jumps on goes straight there.
+        forward = {i: b.term.target for i, b in enumerate(blocks)
+                   if i != 0 and not b.ops and isinstance(b.term, Jump) and b.term.target != i}
+
+        def final(i: int) -> int:
+            seen = set()
+            while i in forward and i not in seen:
+                seen.add(i)
+                i = forward[i]
+            return i
+
+        mapping = {i: final(i) for i in range(len(blocks))}
+        if any(mapping[i] != i for i in mapping):
+            blocks = tuple(_retarget(b, mapping) for b in blocks)
+            blocks = renumber(blocks, reachable(blocks))
+            changed = True
+        # Merge: a block whose only predecessor jumps to it joins that predecessor.
+        preds: dict[int, list[int]] = {i: [] for i in range(len(blocks))}
+        for i, b in enumerate(blocks):
+            for s in successors(b.term):
+                preds[s].append(i)
+        for i, b in enumerate(blocks):
+            if isinstance(b.term, Jump):
+                j = b.term.target
+                if j != 0 and j != i and preds[j] == [i]:
+                    merged = replace(b, ops=b.ops + blocks[j].ops, term=blocks[j].term)
+                    blocks = tuple(merged if k == i else blk for k, blk in enumerate(blocks))
+                    blocks = renumber(blocks, reachable(blocks))
+                    changed = True
+                    break
+    return blocks

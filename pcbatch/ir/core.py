@@ -1,0 +1,229 @@
+"""The block IR: small immutable dataclasses.
+
+Two levels share the same ops:
+
+* Figure 2 of Radul et al. (a `Program` of `Function`s): each function is its
+  own control-flow graph; `Call` is an op and `Return` carries a value.
+* Figure 4 (a `StackProgram`): every function's blocks are merged into one list;
+  calls are `PushJump` terminators plus explicit per-variable `Push`/`Pop`/
+  `Update`; `Return` pops the program-counter stack.
+
+Variables are names. In a `StackProgram` they are qualified by function
+(`fib.n`). Values are per-example pytrees of arrays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Union
+
+from pcbatch.errors import Loc
+
+
+# --- ops -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prim:
+    """`outs = fn(*ins)`: straight-line JAX code on one example's values.
+
+    `fn` returns a tuple with one value per out. `text` is the source it came
+    from, for printing.
+    """
+
+    outs: tuple[str, ...]
+    ins: tuple[str, ...]
+    fn: Callable[..., tuple] = field(compare=False, repr=False)
+    text: str = ""
+    loc: Loc | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Call:
+    """`out = callee(*args)`, a call to another autobatched function (Figure 2 only)."""
+
+    out: str
+    callee: str
+    args: tuple[str, ...]
+    loc: Loc | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Push:
+    """Save the variable's current value on its stack (Figure 4)."""
+
+    var: str
+
+
+@dataclass(frozen=True)
+class Pop:
+    """Restore the variable's current value from its stack (Figure 4)."""
+
+    var: str
+
+
+@dataclass(frozen=True)
+class Update:
+    """Overwrite the top of the variable's stack in place: a Pop then Push with
+    no read between, after pop-push elimination (Figure 4)."""
+
+    var: str
+
+
+Op = Union[Prim, Call, Push, Pop, Update]
+
+
+# --- terminators ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Jump:
+    target: int
+
+
+@dataclass(frozen=True)
+class Branch:
+    """Go to `true` where `cond` is truthy, else `false`."""
+
+    cond: str
+    true: int
+    false: int
+    loc: Loc | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Return:
+    """Figure 2: return `value`. Figure 4: `value` is None; pop the pc stack."""
+
+    value: str | None = None
+
+
+@dataclass(frozen=True)
+class PushJump:
+    """Jump to `target` after pushing `ret` on the pc stack (a call)."""
+
+    target: int
+    ret: int
+
+
+Terminator = Union[Jump, Branch, Return, PushJump]
+
+
+# --- containers ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    label: str
+    ops: tuple[Op, ...]
+    term: Terminator
+    loc: Loc | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Function:
+    """One function's control-flow graph; block 0 is the entry."""
+
+    name: str
+    params: tuple[str, ...]
+    blocks: tuple[Block, ...]
+    loc: Loc | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Program:
+    """Figure 2: functions by name, and which one is called from outside."""
+
+    functions: tuple[Function, ...]
+    entry: str
+
+    def function(self, name: str) -> Function:
+        for f in self.functions:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def __str__(self) -> str:
+        from pcbatch.ir.printer import format_program
+
+        return format_program(self)
+
+
+TEMPORARY, REGISTER, STACKED, CONSTANT = "temporary", "register", "stacked", "constant"
+
+
+@dataclass(frozen=True)
+class StackProgram:
+    """Figure 4: one merged block list run by the machine.
+
+    `prelude` ops compute machine constants (values that are the same for every
+    lane at every step: shared inputs and what is computed from them) once,
+    before the loop. `var_class` maps every variable to one of TEMPORARY,
+    REGISTER, STACKED or CONSTANT. `var_types` maps every non-temporary
+    variable to a pytree of `jax.ShapeDtypeStruct` (per example), filled in by
+    type inference. `entry_params` get the machine's inputs; `result` holds the
+    answer when a lane halts.
+    """
+
+    blocks: tuple[Block, ...]
+    entry_block: int
+    entry_params: tuple[str, ...]
+    result: str
+    prelude: tuple[Prim, ...] = ()
+    var_class: Mapping[str, str] = field(default_factory=dict)
+    var_types: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    block_function: tuple[str, ...] = ()
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def has_calls(self) -> bool:
+        return any(isinstance(b.term, PushJump) for b in self.blocks)
+
+    def vars_of_class(self, cls: str) -> tuple[str, ...]:
+        return tuple(sorted(v for v, c in self.var_class.items() if c == cls))
+
+    def __str__(self) -> str:
+        from pcbatch.ir.printer import format_stack_program
+
+        return format_stack_program(self)
+
+
+def op_reads(op: Op) -> tuple[str, ...]:
+    if isinstance(op, Prim):
+        return op.ins
+    if isinstance(op, Call):
+        return op.args
+    if isinstance(op, (Push, Update)):
+        return (op.var,)
+    return ()
+
+
+def op_writes(op: Op) -> tuple[str, ...]:
+    if isinstance(op, Prim):
+        return op.outs
+    if isinstance(op, Call):
+        return (op.out,)
+    if isinstance(op, Pop):
+        return (op.var,)
+    return ()
+
+
+def term_reads(term: Terminator) -> tuple[str, ...]:
+    if isinstance(term, Branch):
+        return (term.cond,)
+    if isinstance(term, Return) and term.value is not None:
+        return (term.value,)
+    return ()
+
+
+def successors(term: Terminator) -> tuple[int, ...]:
+    """Intra-function successors (a PushJump continues at `ret` after the call)."""
+    if isinstance(term, Jump):
+        return (term.target,)
+    if isinstance(term, Branch):
+        return (term.true, term.false)
+    if isinstance(term, PushJump):
+        return (term.target, term.ret)
+    return ()

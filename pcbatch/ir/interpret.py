@@ -1,0 +1,101 @@
+"""Single-example reference interpreters of both IR levels.
+
+`run_program` runs a Figure 2 program with Python recursion: the oracle that
+the IR means what the source meant. `run_stack_program` runs a Figure 4
+program with explicit stacks, one example at a time, and records the blocks it
+executes: the oracle for the machine, and the tracer that schedulers learn from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pcbatch.ir.core import Branch, Call, Jump, Pop, Prim, Program, Push, PushJump, Return, StackProgram, Update
+
+
+def _truthy(x: Any) -> bool:
+    return bool(np.asarray(x))
+
+
+def run_program(program: Program, *args: Any) -> Any:
+    """Run the entry function of a Figure 2 program on one example."""
+    functions = {f.name: f for f in program.functions}
+
+    def call(name: str, values: tuple) -> Any:
+        f = functions[name]
+        env = dict(zip(f.params, values))
+        block = f.blocks[0]
+        while True:
+            for op in block.ops:
+                if isinstance(op, Prim):
+                    env.update(zip(op.outs, op.fn(*(env[v] for v in op.ins))))
+                else:
+                    env[op.out] = call(op.callee, tuple(env[a] for a in op.args))
+            t = block.term
+            if isinstance(t, Return):
+                return env[t.value]
+            if isinstance(t, Jump):
+                block = f.blocks[t.target]
+            else:
+                block = f.blocks[t.true if _truthy(env[t.cond]) else t.false]
+
+    return call(program.entry, args)
+
+
+@dataclass
+class Trace:
+    """What one example did: the result, each block it ran, and its deepest recursion."""
+
+    result: Any
+    blocks: list[int] = field(default_factory=list)
+    max_depth: int = 1
+    finished: bool = True
+
+
+def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int | None = None,
+                      max_depth: int | None = None) -> Trace:
+    """Run a Figure 4 program on one example (`inputs` maps entry parameters to values).
+
+    Stops early, with `finished=False`, after `max_steps` blocks or on reaching
+    `max_depth` frames (the depth the machine would have needed is then at
+    least `max_depth + 1`)."""
+    env: dict[str, Any] = dict(inputs)
+    for op in prog.prelude:
+        env.update(zip(op.outs, op.fn(*(env[v] for v in op.ins))))
+    stacks: dict[str, list] = {}
+    pc_stack = [prog.num_blocks]
+    pc = prog.entry_block
+    trace = Trace(None)
+    while pc != prog.num_blocks:
+        if max_steps is not None and len(trace.blocks) >= max_steps:
+            trace.finished = False
+            break
+        trace.blocks.append(pc)
+        block = prog.blocks[pc]
+        for op in block.ops:
+            if isinstance(op, Prim):
+                env.update(zip(op.outs, op.fn(*(env[v] for v in op.ins))))
+            elif isinstance(op, Push):
+                stacks.setdefault(op.var, []).append(env[op.var])
+            elif isinstance(op, Update):
+                stacks[op.var][-1] = env[op.var]
+            elif isinstance(op, Pop):
+                env[op.var] = stacks[op.var].pop()
+        t = block.term
+        if isinstance(t, Jump):
+            pc = t.target
+        elif isinstance(t, Branch):
+            pc = t.true if _truthy(env[t.cond]) else t.false
+        elif isinstance(t, PushJump):
+            pc_stack.append(t.ret)
+            trace.max_depth = max(trace.max_depth, len(pc_stack))
+            if max_depth is not None and len(pc_stack) > max_depth:
+                trace.finished = False
+                break
+            pc = t.target
+        else:
+            pc = pc_stack.pop() if prog.has_calls else prog.num_blocks
+    trace.result = env.get(prog.result)
+    return trace

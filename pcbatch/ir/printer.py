@@ -1,0 +1,113 @@
+"""Readable listings of both IR levels, in the spirit of the jaxpr printer."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+
+from pcbatch.ir.core import (
+    CONSTANT,
+    REGISTER,
+    STACKED,
+    TEMPORARY,
+    Block,
+    Branch,
+    Call,
+    Jump,
+    Op,
+    Pop,
+    Prim,
+    Program,
+    Push,
+    PushJump,
+    Return,
+    StackProgram,
+    Terminator,
+    Update,
+)
+
+
+def format_type(t: Any) -> str:
+    """`f32[3,4]` for one array; a pytree of types as its structure."""
+    leaves, treedef = jax.tree_util.tree_flatten(t)
+    names = [f"{leaf.dtype.name}[{','.join(map(str, leaf.shape))}]" for leaf in leaves]
+    short = [n.replace("float", "f").replace("uint", "u").replace("int", "i") for n in names]
+    if treedef == jax.tree_util.tree_structure(0):
+        return short[0]
+    return str(jax.tree_util.tree_unflatten(treedef, short)).replace("'", "")
+
+
+class _Names:
+    """Prints variables unqualified inside their own function."""
+
+    def __init__(self, owner: str | None, types: Mapping[str, Any] | None = None):
+        self.owner = owner
+        self.types = types or {}
+
+    def __call__(self, var: str, typed: bool = False) -> str:
+        fn, _, local = var.rpartition(".")
+        name = local if fn == self.owner or not fn else var
+        if typed and var in self.types:
+            return f"{name}:{format_type(self.types[var])}"
+        return name
+
+
+def _format_op(op: Op, names: _Names) -> str:
+    if isinstance(op, Prim):
+        outs = ", ".join(names(v, typed=True) for v in op.outs)
+        text = op.text or ", ".join(names(v) for v in op.ins)  # a copy
+        return f"{outs} = {text}" if op.outs else text
+    if isinstance(op, Call):
+        return f"{names(op.out)} = call {op.callee}({', '.join(names(a) for a in op.args)})"
+    kind = {Push: "push", Pop: "pop", Update: "update"}[type(op)]
+    return f"{kind} {names(op.var)}"
+
+
+def _format_term(term: Terminator, names: _Names) -> str:
+    if isinstance(term, Jump):
+        return f"jump b{term.target}"
+    if isinstance(term, Branch):
+        return f"branch {names(term.cond)} ? b{term.true} : b{term.false}"
+    if isinstance(term, PushJump):
+        return f"pushjump b{term.target}, return to b{term.ret}"
+    if isinstance(term, Return):
+        return f"return {names(term.value)}" if term.value is not None else "return"
+    raise TypeError(term)
+
+
+def _format_block(index: int, block: Block, names: _Names) -> list[str]:
+    where = f"   # {block.loc}" if block.loc else ""
+    lines = [f"  b{index} ({block.label}):{where}"]
+    lines += [f"    {_format_op(op, names)}" for op in block.ops]
+    lines.append(f"    {_format_term(block.term, names)}")
+    return lines
+
+
+def format_program(program: Program) -> str:
+    out = []
+    for fn in program.functions:
+        entry = "  # entry" if fn.name == program.entry else ""
+        out.append(f"def {fn.name}({', '.join(fn.params)}):{entry}")
+        names = _Names(fn.name)
+        for i, block in enumerate(fn.blocks):
+            out += _format_block(i, block, names)
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def format_stack_program(prog: StackProgram) -> str:
+    types = prog.var_types
+    out = [f"stack program: {prog.num_blocks} blocks, entry b{prog.entry_block}, result {prog.result}"]
+    out.append(f"  inputs: {', '.join(prog.entry_params)}")
+    for cls in (CONSTANT, STACKED, REGISTER, TEMPORARY):
+        vs = prog.vars_of_class(cls)
+        if vs:
+            shown = ", ".join(_Names(None, types)(v, typed=cls != TEMPORARY) for v in vs)
+            out.append(f"  {cls}: {shown}")
+    if prog.prelude:
+        out.append("  prelude (once, before the loop):")
+        out += [f"    {_format_op(op, _Names(None, types))}" for op in prog.prelude]
+    for i, block in enumerate(prog.blocks):
+        owner = prog.block_function[i] if prog.block_function else None
+        out += _format_block(i, block, _Names(owner, types))
+    return "\n".join(out) + "\n"

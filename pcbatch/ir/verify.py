@@ -1,0 +1,79 @@
+"""Structural checks of both IR levels. A failure is a pcbatch bug, not a user error."""
+from __future__ import annotations
+
+from pcbatch.ir.core import (
+    Block,
+    Call,
+    Pop,
+    Prim,
+    Program,
+    Push,
+    PushJump,
+    Return,
+    StackProgram,
+    Update,
+    op_reads,
+    op_writes,
+    successors,
+    term_reads,
+)
+
+
+class IRError(AssertionError):
+    """The IR is malformed (an internal error)."""
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise IRError(message)
+
+
+def _check_targets(blocks: tuple[Block, ...], where: str) -> None:
+    for i, b in enumerate(blocks):
+        _check(b.term is not None, f"{where} b{i} has no terminator")
+        for s in successors(b.term):
+            _check(0 <= s < len(blocks), f"{where} b{i} jumps to missing block b{s}")
+
+
+def verify_program(program: Program) -> None:
+    names = [f.name for f in program.functions]
+    _check(len(set(names)) == len(names), "duplicate function names")
+    _check(program.entry in names, f"entry {program.entry} missing")
+    arity = {f.name: len(f.params) for f in program.functions}
+    for f in program.functions:
+        _check(len(f.blocks) > 0, f"{f.name} has no blocks")
+        _check_targets(f.blocks, f.name)
+        defined = set(f.params)
+        for b in f.blocks:
+            for op in b.ops:
+                _check(isinstance(op, (Prim, Call)), f"{f.name}: {op} is not a Figure 2 op")
+                defined.update(op_writes(op))
+                if isinstance(op, Call):
+                    _check(op.callee in arity, f"{f.name} calls unknown {op.callee}")
+                    _check(len(op.args) == arity[op.callee], f"{f.name} calls {op.callee} with wrong arity")
+            _check(not isinstance(b.term, PushJump), f"{f.name}: PushJump in a Figure 2 program")
+            if isinstance(b.term, Return):
+                _check(b.term.value is not None, f"{f.name}: Return without a value")
+        for b in f.blocks:
+            for v in [r for op in b.ops for r in op_reads(op)] + list(term_reads(b.term)):
+                _check(v in defined, f"{f.name} reads {v}, which nothing defines")
+
+
+def verify_stack_program(prog: StackProgram) -> None:
+    _check_targets(prog.blocks, "program")
+    _check(0 <= prog.entry_block < prog.num_blocks, "entry block out of range")
+    stacked = set()
+    for b in prog.blocks:
+        for op in b.ops:
+            _check(not isinstance(op, Call), "Call left in a stack program")
+            if isinstance(op, (Push, Pop, Update)):
+                stacked.add(op.var)
+        if isinstance(b.term, Return):
+            _check(b.term.value is None, "stack-program Return carries a value")
+    if prog.var_class:
+        for b in prog.blocks:
+            for op in b.ops:
+                for v in op_reads(op) + op_writes(op):
+                    _check(v in prog.var_class, f"{v} has no variable class")
+        for v in stacked:
+            _check(prog.var_class[v] == "stacked", f"{v} is pushed but classed {prog.var_class[v]}")

@@ -1,0 +1,103 @@
+"""Merge every function's blocks into one list (Figure 2 -> Figure 4 skeleton).
+
+* variables are qualified by function (`fib.n`);
+* `out = f(args)` ends its block with the callee's parameters assigned (one
+  parallel copy, so `gcd(b, a % b)` swaps correctly) and `PushJump(f, cont)`;
+  the continuation block starts with `out = f.ret`;
+* `return v` becomes `f.ret = v; Return`;
+* a self call in tail position becomes a plain jump (no pc push, no stack);
+* assignments of machine constants are hoisted into the prelude.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pcbatch.ir.core import Block, Branch, Call, Jump, Op, Prim, Program, PushJump, Return
+from pcbatch.lower.constants import qualify
+
+
+def ret_var(fn: str) -> str:
+    return qualify(fn, "ret")
+
+
+def _copy(outs: tuple[str, ...], ins: tuple[str, ...], loc=None) -> Prim:
+    return Prim(outs, ins, lambda *xs: xs, "", loc)
+
+
+@dataclass
+class Merged:
+    blocks: list[Block] = field(default_factory=list)
+    block_function: list[str] = field(default_factory=list)
+    prelude: list[Prim] = field(default_factory=list)
+    entry_of: dict[str, int] = field(default_factory=dict)
+
+
+def _qualify_prim(op: Prim, fn: str) -> Prim:
+    return Prim(tuple(qualify(fn, v) for v in op.outs), tuple(qualify(fn, v) for v in op.ins), op.fn, op.text, op.loc)
+
+
+def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
+    m = Merged()
+    # Block indices: functions in order, each function's blocks in order, with
+    # room for the continuation blocks that calls split off.
+    offset = 0
+    layout: dict[str, list[int]] = {}
+    for f in program.functions:
+        m.entry_of[f.name] = offset
+        starts = []
+        for b in f.blocks:
+            starts.append(offset)
+            offset += 1 + sum(isinstance(op, Call) for op in b.ops)
+        layout[f.name] = starts
+    for f in program.functions:
+        starts = layout[f.name]
+        for bi, b in enumerate(f.blocks):
+            ops: list[Op] = []
+            index = starts[bi]
+            label = f"{f.name}.{b.label}"
+            loc = b.loc
+            ops_left = list(b.ops)
+            while ops_left:
+                op = ops_left.pop(0)
+                if isinstance(op, Prim):
+                    q = _qualify_prim(op, f.name)
+                    if q.outs and all(o in consts for o in q.outs):
+                        m.prelude.append(q)
+                    else:
+                        ops.append(q)
+                    continue
+                callee = program.function(op.callee)
+                pairs = [(qualify(callee.name, p), qualify(f.name, a)) for p, a in zip(callee.params, op.args)
+                         if qualify(callee.name, p) not in consts]
+                if pairs:
+                    outs, ins = zip(*pairs)
+                    ops.append(_copy(outs, ins, op.loc))
+                tail = (not ops_left and callee.name == f.name and isinstance(b.term, Return)
+                        and b.term.value == op.out)
+                if tail:
+                    m.blocks.append(Block(label, tuple(ops), Jump(m.entry_of[f.name]), loc))
+                    m.block_function.append(f.name)
+                    ops = None
+                    break
+                m.blocks.append(Block(label, tuple(ops), PushJump(m.entry_of[callee.name], index + 1), loc))
+                m.block_function.append(f.name)
+                index += 1
+                label = f"{f.name}.{b.label}.after_{callee.name}"
+                loc = op.loc
+                ops = [_copy((qualify(f.name, op.out),), (ret_var(callee.name),), op.loc)]
+            if ops is None:  # ended in a tail call; pad the unused continuation slots
+                while len(m.blocks) < starts[bi] + 1 + sum(isinstance(o, Call) for o in b.ops):
+                    m.blocks.append(Block("unreachable", (), Jump(len(m.blocks)), None))
+                    m.block_function.append(f.name)
+                continue
+            term = b.term
+            if isinstance(term, Return):
+                ops.append(_copy((ret_var(f.name),), (qualify(f.name, term.value),)))
+                term = Return()
+            elif isinstance(term, Jump):
+                term = Jump(starts[term.target])
+            elif isinstance(term, Branch):
+                term = Branch(qualify(f.name, term.cond), starts[term.true], starts[term.false], term.loc)
+            m.blocks.append(Block(label, tuple(ops), term, loc))
+            m.block_function.append(f.name)
+    return m

@@ -1,0 +1,87 @@
+"""Liveness over the merged program, and the variable classes it implies."""
+from __future__ import annotations
+
+from pcbatch.ir.core import (
+    CONSTANT,
+    REGISTER,
+    STACKED,
+    TEMPORARY,
+    Block,
+    Pop,
+    Push,
+    PushJump,
+    Return,
+    Update,
+    op_reads,
+    op_writes,
+    successors,
+    term_reads,
+)
+
+
+def block_successors(blocks: tuple[Block, ...]) -> list[tuple[int, ...]]:
+    """Successors for liveness. A `PushJump` flows into the callee and, for the
+    caller's own variables, around the call to its continuation; a `Return`
+    has none: only the return value outlives a frame (`exit_live`)."""
+    return [successors(b.term) for b in blocks]
+
+
+def exit_live(blocks: tuple[Block, ...], block_function: tuple[str, ...], ret_var) -> dict[int, set[str]]:
+    """What is live after each `Return`: its function's return value."""
+    return {i: {ret_var(block_function[i])} for i, b in enumerate(blocks) if isinstance(b.term, Return)}
+
+
+def use_def(block: Block) -> tuple[set[str], set[str]]:
+    use: set[str] = set()
+    defs: set[str] = set()
+    for op in block.ops:
+        use.update(v for v in op_reads(op) if v not in defs)
+        defs.update(op_writes(op))
+    use.update(v for v in term_reads(block.term) if v not in defs)
+    return use, defs
+
+
+def liveness(blocks: tuple[Block, ...], succ: list[tuple[int, ...]],
+             at_exit: dict[int, set[str]]) -> list[set[str]]:
+    """live_in for every block. Caller-saves stacks make this per-frame view
+    sound: whatever a caller needs after a call that the callee may
+    overwrite, the caller pushes."""
+    ud = [use_def(b) for b in blocks]
+    live_in: list[set[str]] = [set(u) for u, _ in ud]
+    changed = True
+    while changed:
+        changed = False
+        for i in reversed(range(len(blocks))):
+            out = set(at_exit.get(i, ())).union(*(live_in[s] for s in succ[i]))
+            new = ud[i][0] | (out - ud[i][1])
+            if new != live_in[i]:
+                live_in[i] = new
+                changed = True
+    return live_in
+
+
+def classify(blocks: tuple[Block, ...], live_in: list[set[str]], consts: set[str], keep: set[str]) -> dict[str, str]:
+    """temporary: never crosses a block boundary (no storage); register: one
+    slot per lane; stacked: saved across a call that may clobber it; constant:
+    one value for the whole machine. `keep` are variables the machine reads or
+    writes from outside (inputs, result)."""
+    everything: set[str] = set(keep)
+    stacked: set[str] = set()
+    for b in blocks:
+        for op in b.ops:
+            everything.update(op_reads(op), op_writes(op))
+            if isinstance(op, (Push, Pop, Update)):
+                stacked.add(op.var)
+        everything.update(term_reads(b.term))
+    crossing = set().union(*live_in) if live_in else set()
+    classes = {}
+    for v in everything:
+        if v in consts:
+            classes[v] = CONSTANT
+        elif v in stacked:
+            classes[v] = STACKED
+        elif v in crossing or v in keep:
+            classes[v] = REGISTER
+        else:
+            classes[v] = TEMPORARY
+    return classes

@@ -1,0 +1,70 @@
+"""The lowering pipeline: Program (Figure 2) -> StackProgram (Figure 4)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from pcbatch.ir.cfg import reachable, renumber
+from pcbatch.ir.core import Prim, Program, StackProgram
+from pcbatch.ir.verify import verify_stack_program
+from pcbatch.lower.calls import merge_functions, ret_var
+from pcbatch.lower.constants import find_constants, qualify
+from pcbatch.lower.liveness import block_successors, classify, exit_live, liveness
+from pcbatch.lower.stacks import eliminate_pop_push, insert_saves
+from pcbatch.lower.types import infer_types
+
+
+def _order_prelude(prelude: list[Prim], consts: dict[str, str], inputs: set[str]) -> tuple[Prim, ...]:
+    """Constant parameters copy their origin; then a topological order."""
+    defined = {o for op in prelude for o in op.outs}
+    pending = list(prelude) + [
+        Prim((v,), (o,), lambda x: (x,), "") for v, o in sorted(consts.items()) if v != o and v not in defined
+    ]
+    ready = set(inputs)
+    ordered = []
+    while pending:
+        progress = [op for op in pending if all(i in ready for i in op.ins)]
+        if not progress:
+            raise AssertionError(f"cyclic constants: {pending}")
+        for op in progress:
+            ordered.append(op)
+            ready.update(op.outs)
+            pending.remove(op)
+    return tuple(ordered)
+
+
+def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
+    """Merge, stack and classify; `shared_inputs[k]` says the entry's k-th
+    argument is the same for the whole batch (`in_axes=None`)."""
+    consts = find_constants(program, shared_inputs)
+    m = merge_functions(program, consts)
+    entry_fn = program.function(program.entry)
+    entry_block = m.entry_of[program.entry]
+    keep = reachable(tuple(m.blocks), entry_block)
+    blocks = renumber(tuple(m.blocks), keep)
+    block_function = tuple(m.block_function[i] for i in keep)
+    entry_block = keep.index(entry_block)
+
+    succ = block_successors(blocks)
+    at_exit = exit_live(blocks, block_function, ret_var)
+    params_of = {f.name: tuple(qualify(f.name, p) for p in f.params) for f in program.functions}
+    blocks = insert_saves(blocks, block_function, liveness(blocks, succ, at_exit), params_of)
+    blocks = tuple(eliminate_pop_push(b) for b in blocks)
+
+    entry_params = params_of[program.entry]
+    result = ret_var(entry_fn.name)
+    inputs = {p for p, shared in zip(entry_params, shared_inputs) if shared}
+    classes = classify(blocks, liveness(blocks, succ, at_exit), set(consts),
+                       keep={result} | {p for p in entry_params if p not in consts})
+    prelude = _order_prelude(m.prelude, consts, inputs)
+    for op in prelude:
+        for v in op.outs:
+            classes[v] = "constant"
+    prog = StackProgram(blocks, entry_block, entry_params, result, prelude, classes, {}, block_function)
+    verify_stack_program(prog)
+    return prog
+
+
+def specialize(prog: StackProgram, input_types: dict[str, Any]) -> StackProgram:
+    """The same program with every variable's per-example type inferred."""
+    return replace(prog, var_types=infer_types(prog, input_types))

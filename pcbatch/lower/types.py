@@ -1,0 +1,109 @@
+"""Type inference by abstract evaluation, to a fixpoint.
+
+Every op is run under `jax.eval_shape` on the types of its inputs; a
+variable's type is the join of everything assigned to it: tree structures and
+shapes must agree, dtypes join under JAX promotion (`acc = 0` then
+`acc = acc + 0.5` is float32). Recursive return types come out of the
+fixpoint: `fib.ret` is first typed by the base case, then checked against the
+recursive one.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+
+from pcbatch.errors import Loc, TypeMismatchError, UnsupportedSyntaxError
+from pcbatch.ir.core import Branch, Prim, StackProgram
+from pcbatch.ir.printer import format_type
+
+
+def _key(t: Any) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten(t)
+    return treedef, tuple((l.shape, l.dtype, getattr(l, "weak_type", False)) for l in leaves)
+
+
+def join(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None) -> Any:
+    la, ta = jax.tree_util.tree_flatten(a)
+    lb, tb = jax.tree_util.tree_flatten(b)
+    if ta != tb or any(x.shape != y.shape for x, y in zip(la, lb)):
+        raise TypeMismatchError(var, format_type(a), a_loc, format_type(b), b_loc)
+    out = []
+    for x, y in zip(la, lb):
+        try:
+            dtype = jnp.result_type(x, y)
+        except TypeError as e:
+            raise TypeMismatchError(var, format_type(a), a_loc, format_type(b), b_loc) from e
+        weak = getattr(x, "weak_type", False) and getattr(y, "weak_type", False)
+        out.append(jax.ShapeDtypeStruct(x.shape, dtype, weak_type=weak))
+    return jax.tree_util.tree_unflatten(ta, out)
+
+
+def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
+    try:
+        return jax.eval_shape(op.fn, *in_types)
+    except Exception as e:
+        where = f" at {op.loc}" if op.loc else ""
+        e.add_note(f"pcbatch: while tracing `{op.text}`{where} (per-example input types: "
+                   f"{', '.join(format_type(t) for t in in_types) or 'none'}). Code outside the "
+                   "autobatched function's own body is traced as plain JAX: data-dependent Python "
+                   "`if`/`while` there needs jnp.where/lax.cond, or @pcbatch.autobatch on the helper.")
+        raise
+
+
+def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, Any]:
+    types: dict[str, Any] = dict(input_types)
+    origin: dict[str, Loc | None] = {v: None for v in input_types}
+    cache: dict[tuple, tuple] = {}
+    ops: list[Prim] = list(prog.prelude) + [op for b in prog.blocks for op in b.ops if isinstance(op, Prim)]
+
+    def assign(var: str, t: Any, loc: Loc | None) -> bool:
+        if var not in types:
+            types[var], origin[var] = t, loc
+            return True
+        joined = join(var, types[var], origin[var], t, loc)
+        if _key(joined) != _key(types[var]):
+            types[var] = joined
+            return True
+        return False
+
+    changed = True
+    while changed:
+        changed = False
+        for op in ops:
+            if not all(v in types for v in op.ins):
+                continue
+            in_types = [types[v] for v in op.ins]
+            key = (id(op), tuple(_key(t) for t in in_types))
+            if key not in cache:
+                cache[key] = abstract_eval(op, in_types)
+            for var, t in zip(op.outs, cache[key]):
+                changed |= assign(var, t, op.loc)
+
+    _check_complete(prog, types, ops)
+    return types
+
+
+def _check_complete(prog: StackProgram, types: dict[str, Any], ops: Iterable[Prim]) -> None:
+    for op in ops:
+        missing = [v for v in op.ins if v not in types]
+        if missing:
+            raise UnsupportedSyntaxError(
+                f"cannot infer a type for `{missing[0]}`: no path assigns it before this use "
+                "(a function that recurses on every path never returns)", op.loc or Loc("<unknown>", 0),
+                "make sure every variable is assigned, and every recursive function has a base case.")
+    for b in prog.blocks:
+        if isinstance(b.term, Branch):
+            t = types.get(b.term.cond)
+            leaves = jax.tree_util.tree_leaves(t)
+            if len(leaves) != 1 or leaves[0].shape != ():
+                raise UnsupportedSyntaxError(
+                    f"a condition must be one scalar per example, but `{b.term.cond}` is "
+                    f"{format_type(t) if t is not None else 'untyped'}", b.term.loc or Loc("<unknown>", 0),
+                    "reduce it with jnp.any(...) or jnp.all(...).")
+    if prog.result not in types:
+        raise UnsupportedSyntaxError(
+            f"cannot infer the return type of `{prog.result.rpartition('.')[0]}`: no path returns",
+            prog.blocks[prog.entry_block].loc or Loc("<unknown>", 0),
+            "every recursive function needs a base case that returns without recursing.")

@@ -1,0 +1,377 @@
+"""Batching-aware memory layout (ED-Batch §3.2 and Appendix B).
+
+A *batch* is one batched op over k ops, given as its operand groups: group j
+is ``(v[0][j], ..., v[k-1][j])``, operand position j of each op (results are
+just another position).  An order of the variables honours a batch when
+
+* adjacency: every group occupies a contiguous run of the order, and
+* alignment: all groups list the ops in the same order, so one batched op
+  reads and writes plain slices.
+
+Groups whose variables are all the same (a shared, broadcast operand) or of
+size k = 1 constrain nothing.  A group repeating some but not all variables
+cannot be one slice; it is left unconstrained and gets no slice.
+
+Passes, as in the paper:
+
+1. Adjacency: reduce every group into a PQ-tree.
+2. BroadcastConstraint: within a batch, each group's subtree (the part of
+   the tree spanning it) implies consecutive sets of op indices: a P-node's
+   leaves and each pair of neighbouring Q-node children.  Since aligned
+   groups must order their ops identically, each such set is applied to every
+   group of the batch; repeated to a fixpoint, this makes the subtrees of
+   one batch's groups isomorphic.
+3. DecideNodesOrder: corresponding nodes of isomorphic subtrees must be laid
+   out alike.  A union-find whose edges carry permutations (a P-node's order
+   of its children, a Q-node's direction) collects these equalities and
+   finds contradictions (e.g. groups ``(a, b)`` and ``(b, a)``).
+
+Every order of the fixed tree that satisfies the equalities honours all the
+batches, and every honouring order is such an order, so feasibility checks
+are exact.  Batches are added greedily, in the order given; one that cannot
+be honoured together with those accepted before it is dropped whole.
+Re-running passes 2-3 per added batch is quadratic in the number of batches,
+which is fine for basic blocks and keeps rollback trivial (work on a copy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Iterable, Mapping, Sequence
+
+from .pqtree import LEAF, P, Q, PQNode, PQTree
+
+__all__ = ["BatchPlacement", "LayoutResult", "OperandSlice", "batch_from_ops", "plan_layout"]
+
+Var = Hashable
+Perm = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OperandSlice:
+    """Where one operand group lies: ``order[start:start + count]``, i.e.
+    elements ``[offset, offset + length)`` of the packed buffer.  ``stride``
+    is the per-op element count when all k variables have the same size
+    (so the slice reshapes to ``(count, stride)``), else None."""
+
+    start: int
+    count: int
+    offset: int
+    length: int
+    stride: int | None
+
+
+@dataclass(frozen=True)
+class BatchPlacement:
+    """An honoured batch: ``op_order[t]`` is the op stored t-th in every slice;
+    ``slices[j]`` is operand position j's slice (None: broadcast or unaligned)."""
+
+    op_order: tuple[int, ...]
+    slices: tuple[OperandSlice | None, ...]
+
+
+@dataclass
+class LayoutResult:
+    order: list[Var]
+    honoured: list[int]
+    dropped: list[int]
+    placements: dict[int, BatchPlacement]
+    offsets: dict[Var, int]
+    sizes: dict[Var, int]
+    total_size: int
+    tree: PQTree = field(repr=False)
+
+    def __str__(self) -> str:
+        lines = [f"order: {' '.join(map(str, self.order))}", f"tree:  {self.tree}"]
+        for b in self.honoured:
+            pl = self.placements[b]
+            spans = ", ".join("-" if s is None else f"[{s.start}:{s.start + s.count}]" for s in pl.slices)
+            lines.append(f"batch {b}: ops {list(pl.op_order)} at {spans}")
+        if self.dropped:
+            lines.append(f"dropped batches: {self.dropped}")
+        return "\n".join(lines)
+
+
+def batch_from_ops(ops: Sequence[Sequence[Var]]) -> list[tuple[Var, ...]]:
+    """Operand groups of a batch given per op: ``ops[i][j]`` -> ``groups[j][i]``."""
+    return [tuple(g) for g in zip(*ops, strict=True)]
+
+
+# --------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class _Batch:
+    k: int
+    groups: tuple[tuple[Var, ...], ...]  # every operand position
+    tied: tuple[tuple[Var, ...], ...]  # the positions that must be aligned slices
+
+
+def _normalise(batches: Sequence[Sequence[Sequence[Var]]], known: set) -> list[_Batch]:
+    out = []
+    for n, batch in enumerate(batches):
+        groups = tuple(tuple(g) for g in batch)
+        ks = {len(g) for g in groups}
+        if len(ks) > 1:
+            raise ValueError(f"batch {n}: operand groups differ in length {sorted(ks)}")
+        for g in groups:
+            for v in g:
+                if v not in known:
+                    raise ValueError(f"batch {n}: unknown variable {v!r}")
+        k = ks.pop() if ks else 0
+        tied = tuple(g for g in groups if k >= 2 and len(set(g)) == k)
+        out.append(_Batch(k, groups, tied))
+    return out
+
+
+# --------------------------------------------------------------- tree views
+class _Shape:
+    """Leaf sets of the current tree's nodes (recomputed after each change)."""
+
+    def __init__(self, tree: PQTree):
+        self.tree = tree
+        self.leaves: dict[int, frozenset] = {}
+        if tree.root is not None:
+            self._walk(tree.root)
+
+    def _walk(self, node: PQNode) -> frozenset:
+        if node.kind == LEAF:
+            s = frozenset([node.value])
+        else:
+            s = frozenset().union(*(self._walk(c) for c in node.children))
+        self.leaves[id(node)] = s
+        return s
+
+    def span(self, group: Iterable[Var]) -> tuple[PQNode, list[PQNode]]:
+        """The subtree spanning a consecutive ``group``: its lowest node and the
+        children of that node that make up the group (all, or a Q-node range)."""
+        g = frozenset(group)
+        node = self.tree.root
+        assert node is not None
+        while True:
+            nxt = next((c for c in node.children if g <= self.leaves[id(c)]), None)
+            if nxt is None:
+                break
+            node = nxt
+        if node.kind == LEAF:
+            return node, []
+        kids = [c for c in node.children if self.leaves[id(c)] & g]
+        assert all(self.leaves[id(c)] <= g for c in kids), "group is not consecutive"
+        return node, kids
+
+
+def _subtree_constraints(shape: _Shape, group: tuple[Var, ...]) -> set[frozenset[int]]:
+    """Consecutive sets of op indices implied by the subtree spanning ``group``
+    (the paper's GetSubtreeCons, translated to op indices)."""
+    index = {v: i for i, v in enumerate(group)}
+    ops = lambda n: frozenset(index[v] for v in shape.leaves[id(n)])  # noqa: E731
+    out: set[frozenset[int]] = set()
+    node, kids = shape.span(group)
+    todo = [(node, kids)]
+    while todo:
+        node, kids = todo.pop()
+        if node.kind == P:
+            out.add(frozenset().union(*map(ops, kids)))
+        elif node.kind == Q:
+            out.update(ops(a) | ops(b) for a, b in zip(kids, kids[1:]))
+        todo.extend((c, c.children) for c in kids if c.kind != LEAF)
+    return {c for c in out if 1 < len(c) < len(group)}
+
+
+def _broadcast_constraints(tree: PQTree, batches: list[_Batch]) -> bool:
+    """BroadcastConstraint: apply each group's op-index constraints to every
+    group of its batch until nothing changes.  False if one is infeasible."""
+    changed = True
+    while changed:
+        changed = False
+        for b in batches:
+            cons: set[frozenset[int]] = set()
+            for g in b.tied:
+                cons |= _subtree_constraints(_Shape(tree), g)
+            for c in cons:
+                for g in b.tied:
+                    s = [g[i] for i in c]
+                    if not tree.implies(s):
+                        if not tree.reduce(s):
+                            return False
+                        changed = True
+    return True
+
+
+# ---------------------------------------------------------------- node orders
+def _compose(a: Perm, b: Perm) -> Perm:
+    return tuple(a[i] for i in b)
+
+
+def _inverse(a: Perm) -> Perm:
+    inv = [0] * len(a)
+    for i, x in enumerate(a):
+        inv[x] = i
+    return tuple(inv)
+
+
+class _OrderUnionFind:
+    """Union-find over internal nodes with a permutation on each edge
+    (Appendix B, Algorithm 5).  A node's *order* is a permutation: for a
+    P-node with d >= 3 children, ``order[pos]`` is the child placed at pos;
+    for a Q-node or two-child P-node it is (0, 1) (stored) or (1, 0)
+    (reversed).  ``rel[n]`` satisfies order(n) = rel[n] o order(parent[n])."""
+
+    def __init__(self) -> None:
+        self.parent: dict[PQNode, PQNode] = {}
+        self.rel: dict[PQNode, Perm] = {}
+
+    @staticmethod
+    def width(node: PQNode) -> int:
+        return 2 if node.kind == Q else len(node.children)
+
+    def find(self, node: PQNode) -> tuple[PQNode, Perm]:
+        """Root of node's class, and t with order(node) = t o order(root)."""
+        t: Perm = tuple(range(self.width(node)))
+        while node in self.parent:
+            t = _compose(t, self.rel[node])
+            node = self.parent[node]
+        return node, t
+
+    def union(self, a: PQNode, b: PQNode, psi: Perm) -> bool:
+        """Require order(b) = psi o order(a); False on a contradiction."""
+        ra, ta = self.find(a)
+        rb, tb = self.find(b)
+        if ra is not rb:
+            self.parent[ra] = rb
+            self.rel[ra] = _compose(_inverse(ta), _compose(_inverse(psi), tb))
+            return True
+        return tb == _compose(psi, ta)
+
+
+def _match(shape: _Shape, uf: _OrderUnionFind, ga: tuple[Var, ...], gb: tuple[Var, ...]) -> bool:
+    """Walk the subtrees spanning groups ga and gb in parallel, matching nodes
+    by their op-index sets, and union each matched pair's orders
+    (ParseEquivNodeOrderPair).  False if not isomorphic or contradictory."""
+    ia = {v: i for i, v in enumerate(ga)}
+    ib = {v: i for i, v in enumerate(gb)}
+    todo = [(shape.span(ga), shape.span(gb))]
+    while todo:
+        (na, ka), (nb, kb) = todo.pop()
+        opa = [frozenset(ia[v] for v in shape.leaves[id(c)]) for c in ka]
+        opb = [frozenset(ib[v] for v in shape.leaves[id(c)]) for c in kb]
+        where = {s: j for j, s in enumerate(opb)}
+        if len(ka) != len(kb) or any(s not in where for s in opa):
+            return False
+        psi = tuple(where[s] for s in opa)  # child ka[i] corresponds to kb[psi[i]]
+        if Q in (na.kind, nb.kind):
+            # Only a direction is free; the matched runs must be monotone.
+            if P in (na.kind, nb.kind) and len(ka) != 2:
+                return False
+            ident = tuple(range(len(ka)))
+            if psi == ident:
+                rel = (0, 1)
+            elif psi == ident[::-1]:
+                rel = (1, 0)
+            else:
+                return False
+        else:
+            rel = psi
+        if not uf.union(na, nb, rel):
+            return False
+        todo.extend(((a, a.children), (b, b.children)) for a, b in zip(ka, (kb[j] for j in psi)) if a.kind != LEAF)
+    return True
+
+
+def _decide_orders(tree: PQTree, batches: list[_Batch]) -> _OrderUnionFind | None:
+    """DecideNodesOrder: the union-find of node orders, or None on a conflict."""
+    shape, uf = _Shape(tree), _OrderUnionFind()
+    for b in batches:
+        for g in b.tied[1:]:
+            if not _match(shape, uf, b.tied[0], g):
+                return None
+    return uf
+
+
+def _leaf_order(tree: PQTree, uf: _OrderUnionFind) -> list[Var]:
+    """Depth-first traversal honouring the decided orders (GetLeafOrder);
+    each class root takes the identity order."""
+    out: list[Var] = []
+
+    def walk(node: PQNode) -> None:
+        if node.kind == LEAF:
+            out.append(node.value)
+            return
+        _, t = uf.find(node)
+        if node.kind == Q:
+            kids = node.children if t == (0, 1) else node.children[::-1]
+        else:
+            kids = [node.children[i] for i in t]
+        for c in kids:
+            walk(c)
+
+    if tree.root is not None:
+        walk(tree.root)
+    return out
+
+
+def _try_add(tree: PQTree, accepted: list[_Batch], batch: _Batch) -> PQTree | None:
+    """The tree with ``batch`` added to ``accepted``, or None if infeasible."""
+    trial = tree.copy()
+    if not all(trial.reduce(g) for g in batch.tied):
+        return None
+    active = accepted + [batch]
+    if not _broadcast_constraints(trial, active) or _decide_orders(trial, active) is None:
+        return None
+    return trial
+
+
+# ---------------------------------------------------------------------- entry
+def plan_layout(
+    variables: Iterable[Var],
+    batches: Sequence[Sequence[Sequence[Var]]],
+    sizes: Mapping[Var, int] | None = None,
+) -> LayoutResult:
+    """Choose an order of ``variables`` honouring as many ``batches`` as the
+    greedy pass allows (each batch: a list of operand groups, see module doc).
+
+    ``sizes`` gives each variable's element count (default 1) for the packed
+    1-D buffer offsets.
+    """
+    variables = list(variables)
+    tree = PQTree(variables)
+    norm = _normalise(batches, set(variables))
+    accepted: list[_Batch] = []
+    honoured: list[int] = []
+    dropped: list[int] = []
+    for n, b in enumerate(norm):
+        trial = _try_add(tree, accepted, b) if b.tied else tree
+        if trial is None:
+            dropped.append(n)
+            continue
+        tree = trial
+        accepted.append(b)
+        honoured.append(n)
+    uf = _decide_orders(tree, accepted)
+    assert uf is not None  # every accepted prefix was checked
+    order = _leaf_order(tree, uf)
+
+    size = {v: int(sizes[v]) if sizes is not None and v in sizes else 1 for v in variables}
+    offsets: dict[Var, int] = {}
+    total = 0
+    for v in order:
+        offsets[v] = total
+        total += size[v]
+    pos = {v: i for i, v in enumerate(order)}
+    placements = {n: _place(norm[n], pos, offsets, size) for n in honoured}
+    return LayoutResult(order, honoured, dropped, placements, offsets, size, total, tree)
+
+
+def _place(b: _Batch, pos: dict[Var, int], offsets: dict[Var, int], size: dict[Var, int]) -> BatchPlacement:
+    ref = b.tied[0] if b.tied else None
+    op_order = tuple(sorted(range(b.k), key=lambda i: pos[ref[i]])) if ref else tuple(range(b.k))
+    slices: list[OperandSlice | None] = []
+    for g in b.groups:
+        if b.k == 0 or (b.k > 1 and g not in b.tied):
+            slices.append(None)
+            continue
+        seq = [g[i] for i in op_order]
+        start = pos[seq[0]]
+        # Guaranteed by construction; checked because callers will slice blindly.
+        assert [pos[v] for v in seq] == list(range(start, start + b.k)), "layout bug: unaligned group"
+        sz = {size[v] for v in seq}
+        slices.append(OperandSlice(start, b.k, offsets[seq[0]], sum(size[v] for v in seq), sz.pop() if len(sz) == 1 else None))
+    return BatchPlacement(op_order, tuple(slices))

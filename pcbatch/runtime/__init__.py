@@ -1,0 +1,4 @@
+"""The lax.while_loop machine that runs a lowered StackProgram on a batch."""
+from pcbatch.runtime.machine import MachineConfig, Status, run_machine
+
+__all__ = ["MachineConfig", "Status", "run_machine"]

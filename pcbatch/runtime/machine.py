@@ -1,0 +1,223 @@
+"""The program-counter machine (Radul et al., Algorithm 2) as one `lax.while_loop`.
+
+State: per lane, a program counter and a pc stack; per register, one slot per
+lane; per stacked variable, its cached top (the register slot), a
+`[max_stack_depth, lanes, ...]` stack and a stack pointer per lane. Each step a
+scheduler picks ONE block (an unbatched index); `lax.switch` runs only that
+block, for all lanes, and masks the update to the lanes waiting at it.
+
+Lanes and examples are distinct: today lane i runs example i; fork-join will
+add lanes that run calls on behalf of an example.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pcbatch.fsm.base import Frontier, Scheduler
+from pcbatch.ir.core import (
+    CONSTANT,
+    REGISTER,
+    STACKED,
+    Branch,
+    Jump,
+    Pop,
+    Prim,
+    Push,
+    PushJump,
+    Return,
+    StackProgram,
+    Update,
+)
+
+tree_map = jax.tree_util.tree_map
+
+
+class Status(NamedTuple):
+    """How each lane ended: `overflow` (recursion deeper than the stacks),
+    `unfinished` (still running when `max_steps` ran out), the final pc, and
+    the number of VM steps taken."""
+
+    overflow: jax.Array
+    unfinished: jax.Array
+    pc: jax.Array
+    steps: jax.Array
+    blocks_run: jax.Array
+
+
+@dataclass(frozen=True)
+class MachineConfig:
+    max_stack_depth: int
+    max_steps: int | None
+    scheduler: Scheduler
+
+
+def _zeros(t: Any, lead: tuple[int, ...]) -> Any:
+    return tree_map(lambda s: jnp.zeros(lead + s.shape, s.dtype), t)
+
+
+def _cast(value: Any, t: Any, lanes: int | None) -> Any:
+    """Cast to the variable's joined type (and broadcast unbatched values)."""
+    def leaf(x, s):
+        x = jnp.asarray(x, s.dtype)
+        return x if lanes is None else jnp.broadcast_to(x, (lanes,) + s.shape)
+    return tree_map(leaf, value, t)
+
+
+def _select(mask: jax.Array, new: Any, old: Any) -> Any:
+    def leaf(n, o):
+        return jnp.where(mask.reshape(mask.shape + (1,) * (o.ndim - 1)), n, o)
+    return tree_map(leaf, new, old)
+
+
+def eval_prelude(prog: StackProgram, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Machine constants: computed once, unbatched."""
+    consts = {v: x for v, x in inputs.items() if prog.var_class.get(v) == CONSTANT}
+    for op in prog.prelude:
+        for v, x in zip(op.outs, op.fn(*(consts[i] for i in op.ins))):
+            consts[v] = _cast(x, prog.var_types[v], None)
+    return consts
+
+
+class Machine:
+    """Builds the loop for one `StackProgram` specialised to input types."""
+
+    def __init__(self, prog: StackProgram, num_lanes: int, config: MachineConfig):
+        self.prog = prog
+        self.lanes = num_lanes
+        self.depth = config.max_stack_depth
+        self.max_steps = config.max_steps
+        self.scheduler = config.scheduler
+        self.halt = prog.num_blocks
+        self.lane_ids = jnp.arange(num_lanes)
+        self.stored = [v for v, c in prog.var_class.items() if c in (REGISTER, STACKED)]
+        self.stacked = [v for v, c in prog.var_class.items() if c == STACKED]
+
+    # --- state -----------------------------------------------------------
+
+    def init(self, batched_inputs: dict[str, Any]) -> dict[str, Any]:
+        L, D, types = self.lanes, self.depth, self.prog.var_types
+        regs = {v: _zeros(types[v], (L,)) for v in self.stored}
+        for v, x in batched_inputs.items():
+            if v in regs:
+                regs[v] = _cast(x, types[v], L)
+        state = {
+            "pc": jnp.full((L,), self.prog.entry_block, jnp.int32),
+            "regs": regs,
+            "stacks": {v: _zeros(types[v], (D, L)) for v in self.stacked},
+            "sps": {v: jnp.zeros((L,), jnp.int32) for v in self.stacked},
+            "depth": jnp.zeros((L,), jnp.int32),
+            "overflow": jnp.zeros((L,), bool),
+            "steps": jnp.zeros((), jnp.int32),
+            "sched": self.scheduler.init(self.prog.num_blocks, L),
+        }
+        if self.prog.has_calls:
+            state["pc_stack"] = jnp.full((D, L), self.halt, jnp.int32)
+            state["pc_sp"] = jnp.ones((L,), jnp.int32)  # slot 0 holds the halt address
+        return state
+
+    # --- one block -------------------------------------------------------
+
+    def block_fn(self, b: int, consts: dict[str, Any]):
+        prog, block, types = self.prog, self.prog.blocks[b], self.prog.var_types
+        L, D, lanes = self.lanes, self.depth, self.lane_ids
+
+        def run(state: dict[str, Any]) -> dict[str, Any]:
+            state = dict(state)
+            regs, stacks, sps = dict(state["regs"]), dict(state["stacks"]), dict(state["sps"])
+            active = state["pc"] == b
+            env: dict[str, Any] = {}
+
+            def read(v: str) -> tuple[Any, bool]:
+                if v in env:
+                    return env[v], True
+                if prog.var_class[v] == CONSTANT:
+                    return consts[v], False
+                return regs[v], True
+
+            for op in block.ops:
+                if isinstance(op, Prim):
+                    vals, batched = zip(*(read(v) for v in op.ins)) if op.ins else ((), ())
+                    if any(batched):
+                        outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
+                    else:
+                        outs = op.fn(*vals)
+                    for v, x in zip(op.outs, outs):
+                        env[v] = _cast(x, types[v], None if any(batched) else L)
+                elif isinstance(op, Push):
+                    where = jnp.where(active, sps[op.var], D)  # D is out of range: dropped
+                    stacks[op.var] = tree_map(lambda s, x: s.at[where, lanes].set(x, mode="drop"),
+                                              stacks[op.var], read(op.var)[0])
+                    sps[op.var] = sps[op.var] + active
+                elif isinstance(op, Update):
+                    where = jnp.where(active, sps[op.var] - 1, D)
+                    stacks[op.var] = tree_map(lambda s, x: s.at[where, lanes].set(x, mode="drop"),
+                                              stacks[op.var], read(op.var)[0])
+                elif isinstance(op, Pop):
+                    top = jnp.maximum(sps[op.var] - 1, 0)
+                    env[op.var] = tree_map(lambda s: s[top, lanes], stacks[op.var])
+                    sps[op.var] = sps[op.var] - active
+            for v, x in env.items():
+                if prog.var_class[v] in (REGISTER, STACKED):
+                    regs[v] = _select(active, x, regs[v])
+
+            pc, term = state["pc"], block.term
+            if isinstance(term, Jump):
+                pc = jnp.where(active, term.target, pc)
+            elif isinstance(term, Branch):
+                cond, _ = read(term.cond)
+                cond = jnp.broadcast_to(jnp.asarray(cond) != 0, (L,))
+                pc = jnp.where(active, jnp.where(cond, term.true, term.false), pc)
+            elif isinstance(term, PushJump):
+                sp = state["pc_sp"]
+                overflow = active & (sp >= D)
+                ok = active & ~overflow
+                state["pc_stack"] = state["pc_stack"].at[jnp.where(ok, sp, D), lanes].set(term.ret, mode="drop")
+                state["pc_sp"] = sp + ok
+                state["overflow"] = state["overflow"] | overflow
+                pc = jnp.where(ok, term.target, jnp.where(overflow, self.halt, pc))
+            elif isinstance(term, Return):
+                if prog.has_calls:
+                    sp = state["pc_sp"] - active
+                    pc = jnp.where(active, state["pc_stack"][jnp.maximum(sp, 0), lanes], pc)
+                    state["pc_sp"] = sp
+                else:
+                    pc = jnp.where(active, self.halt, pc)
+            state.update(pc=pc, regs=regs, stacks=stacks, sps=sps, depth=state["depth"] + active)
+            return state
+
+        return run
+
+    # --- the loop --------------------------------------------------------
+
+    def run(self, consts: dict[str, Any], batched_inputs: dict[str, Any]) -> tuple[Any, Status]:
+        branches = [self.block_fn(b, consts) for b in range(self.prog.num_blocks)]
+        halt, max_steps = self.halt, self.max_steps
+
+        def cond(state):
+            running = jnp.any(state["pc"] < halt)
+            return running if max_steps is None else running & (state["steps"] < max_steps)
+
+        def body(state):
+            pc = state["pc"]
+            counts = jnp.zeros((halt + 1,), jnp.int32).at[pc].add(1)[:halt]
+            block, sched = self.scheduler.choose(state["sched"], Frontier(pc, counts, state["depth"]))
+            state = lax.switch(block, branches, state)
+            return {**state, "sched": sched, "steps": state["steps"] + 1}
+
+        final = lax.while_loop(cond, body, self.init(batched_inputs))
+        result = final["regs"][self.prog.result]
+        status = Status(final["overflow"], final["pc"] < halt, final["pc"], final["steps"], final["depth"])
+        return result, status
+
+
+def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig) -> tuple[Any, Status]:
+    """Run `prog` on a batch. `inputs` maps each entry parameter to its value:
+    with a leading lane axis for batched parameters, as-is for constants."""
+    consts = eval_prelude(prog, inputs)
+    batched = {v: x for v, x in inputs.items() if prog.var_class.get(v) != CONSTANT}
+    return Machine(prog, num_lanes, config).run(consts, batched)
