@@ -5,7 +5,7 @@ from dataclasses import replace
 from typing import Any
 
 from pcbatch.ir.cfg import reachable, renumber
-from pcbatch.ir.core import Prim, Program, StackProgram
+from pcbatch.ir.core import CONSTANT, Prim, Program, StackProgram
 from pcbatch.ir.verify import verify_stack_program
 from pcbatch.lower.calls import merge_functions, ret_var
 from pcbatch.lower.constants import find_constants, qualify
@@ -57,9 +57,7 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     classes = classify(blocks, liveness(blocks, succ, at_exit), set(consts),
                        keep={result} | {p for p in entry_params if p not in consts})
     prelude = _order_prelude(m.prelude, consts, inputs)
-    for op in prelude:
-        for v in op.outs:
-            classes[v] = "constant"
+    classes.update({v: CONSTANT for v in consts})
     prog = StackProgram(blocks, entry_block, entry_params, result, prelude, classes, {}, block_function)
     verify_stack_program(prog)
     return prog
