@@ -269,7 +269,7 @@ class Converter:
     def has_batched_call(self, node: ast.AST) -> bool:
         return any(isinstance(n, ast.Call) and self.resolve_callee(n.func) is not None for n in ast.walk(node))
 
-    def call(self, node: ast.Call, callee: str, sig: inspect.Signature) -> str:
+    def call(self, node: ast.Call, callee: str, sig: inspect.Signature, out: str | None = None) -> str:
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise self.unsupported(node, "`*args`/`**kwargs` in a call to an autobatched function are not supported",
                                    "pass each argument explicitly.")
@@ -288,7 +288,7 @@ class Converter:
                 default = param.default
                 self.emit(node, Prim((t,), (), lambda d=default: (d,), repr(default), self.loc(node)))
                 args.append(t)
-        out = self.temp()
+        out = out or self.temp()
         self.emit(node, Call(out, callee, tuple(args), self.loc(node)))
         return out
 
@@ -356,6 +356,11 @@ class Converter:
     def visit_Assign(self, node: ast.Assign) -> None:
         for t in node.targets:
             self.check_target(t)
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call):
+            callee = self.resolve_callee(node.value.func)
+            if callee is not None:  # `x = f(...)`: the call writes x directly
+                self.call(node.value, *callee, out=node.targets[0].id)
+                return
         value = self.flatten(node.value)
         outs = tuple(dict.fromkeys(n for t in node.targets for n in _store_names(t)))
         self.emit_stmt(ast.copy_location(ast.Assign(node.targets, value), node), outs,

@@ -9,6 +9,7 @@ from pcbatch.ir.core import (
     Call,
     Function,
     Jump,
+    Peek,
     Pop,
     Prim,
     Program,
@@ -23,6 +24,6 @@ from pcbatch.ir.verify import IRError, verify_program, verify_stack_program
 
 __all__ = [
     "CONSTANT", "REGISTER", "STACKED", "TEMPORARY", "Block", "Branch", "Call", "Function", "IRError", "Jump",
-    "Pop", "Prim", "Program", "Push", "PushJump", "Return", "StackProgram", "Trace", "Update", "run_program",
+    "Peek", "Pop", "Prim", "Program", "Push", "PushJump", "Return", "StackProgram", "Trace", "Update", "run_program",
     "run_stack_program", "verify_program", "verify_stack_program",
 ]

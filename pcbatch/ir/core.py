@@ -62,14 +62,23 @@ class Pop:
 
 
 @dataclass(frozen=True)
-class Update:
-    """Overwrite the top of the variable's stack in place: a Pop then Push with
-    no read between, after pop-push elimination (Figure 4)."""
+class Peek:
+    """Load the variable's current value from the top of its stack, leaving it
+    there (a Pop whose matching re-Push was eliminated) (Figure 4)."""
 
     var: str
 
 
-Op = Union[Prim, Call, Push, Pop, Update]
+@dataclass(frozen=True)
+class Update:
+    """Overwrite the top of the variable's stack with its current value: what a
+    Pop ... Push pair becomes when the variable is reassigned in between (Figure 4)."""
+
+    var: str
+
+
+Op = Union[Prim, Call, Push, Pop, Peek, Update]
+STACK_OPS = (Push, Pop, Peek, Update)
 
 
 # --- terminators ---------------------------------------------------------
@@ -205,7 +214,7 @@ def op_writes(op: Op) -> tuple[str, ...]:
         return op.outs
     if isinstance(op, Call):
         return (op.out,)
-    if isinstance(op, Pop):
+    if isinstance(op, (Pop, Peek)):
         return (op.var,)
     return ()
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from pcbatch.ir.core import Branch, Call, Jump, Pop, Prim, Program, Push, PushJump, Return, StackProgram, Update
+from pcbatch.ir.core import Branch, Jump, Peek, Pop, Prim, Program, Push, PushJump, Return, StackProgram, Update
 
 
 def _truthy(x: Any) -> bool:
@@ -83,6 +83,8 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
                 stacks[op.var][-1] = env[op.var]
             elif isinstance(op, Pop):
                 env[op.var] = stacks[op.var].pop()
+            elif isinstance(op, Peek):
+                env[op.var] = stacks[op.var][-1]
         t = block.term
         if isinstance(t, Jump):
             pc = t.target

@@ -15,6 +15,7 @@ from pcbatch.ir.core import (
     Call,
     Jump,
     Op,
+    Peek,
     Pop,
     Prim,
     Program,
@@ -59,7 +60,7 @@ def _format_op(op: Op, names: _Names) -> str:
         return f"{outs} = {text}" if op.outs else text
     if isinstance(op, Call):
         return f"{names(op.out)} = call {op.callee}({', '.join(names(a) for a in op.args)})"
-    kind = {Push: "push", Pop: "pop", Update: "update"}[type(op)]
+    kind = {Push: "push", Pop: "pop", Peek: "peek", Update: "update"}[type(op)]
     return f"{kind} {names(op.var)}"
 
 

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 from pcbatch.ir.core import (
     Block,
+    STACK_OPS,
     Call,
-    Pop,
     Prim,
     Program,
-    Push,
     PushJump,
     Return,
     StackProgram,
-    Update,
     op_reads,
     op_writes,
     successors,
@@ -66,7 +64,7 @@ def verify_stack_program(prog: StackProgram) -> None:
     for b in prog.blocks:
         for op in b.ops:
             _check(not isinstance(op, Call), "Call left in a stack program")
-            if isinstance(op, (Push, Pop, Update)):
+            if isinstance(op, STACK_OPS):
                 stacked.add(op.var)
         if isinstance(b.term, Return):
             _check(b.term.value is None, "stack-program Return carries a value")

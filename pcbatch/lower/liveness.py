@@ -4,14 +4,12 @@ from __future__ import annotations
 from pcbatch.ir.core import (
     CONSTANT,
     REGISTER,
+    STACK_OPS,
     STACKED,
     TEMPORARY,
     Block,
-    Pop,
-    Push,
     PushJump,
     Return,
-    Update,
     op_reads,
     op_writes,
     successors,
@@ -70,7 +68,7 @@ def classify(blocks: tuple[Block, ...], live_in: list[set[str]], consts: set[str
     for b in blocks:
         for op in b.ops:
             everything.update(op_reads(op), op_writes(op))
-            if isinstance(op, (Push, Pop, Update)):
+            if isinstance(op, STACK_OPS):
                 stacked.add(op.var)
         everything.update(term_reads(b.term))
     crossing = set().union(*live_in) if live_in else set()

@@ -2,16 +2,15 @@
 
 Around each call, the caller pushes exactly the variables that are live after
 the call *and* may be written by the callee (transitively); it pops them in the
-continuation. Everything else stays in a register. Then a `Pop v` whose value
-is never read before the next `Push v` cancels with it (or, if `v` is
-reassigned in between, the pair becomes one in-place `Update v`).
+continuation. Everything else stays in a register. Then pop-push elimination
+keeps values that are saved again before the next call on their stacks.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import replace
 
-from pcbatch.ir.core import Block, Op, Pop, Prim, Push, PushJump, Update, op_reads, op_writes
+from pcbatch.ir.core import Block, Peek, Pop, Prim, Push, PushJump, Update, op_reads, op_writes
 from pcbatch.lower.calls import ret_var
 
 
@@ -64,28 +63,24 @@ def insert_saves(blocks: tuple[Block, ...], block_function: tuple[str, ...], liv
     return tuple(out)
 
 
-def _touches(op: Op, v: str) -> bool:
-    return v in op_reads(op) or v in op_writes(op) or getattr(op, "var", None) == v
-
-
 def eliminate_pop_push(block: Block) -> Block:
+    """After a call, a restored variable that is saved again before the next
+    call need not leave its stack: `Pop v ... Push v` becomes nothing (v
+    untouched between), `Peek v` (v only read), or `Peek v ... Update v` (v
+    reassigned)."""
     ops = list(block.ops)
-    i = 0
-    while i < len(ops):
-        op = ops[i]
-        if isinstance(op, Pop):
-            v = op.var
-            later = [j for j in range(i + 1, len(ops)) if _touches(ops[j], v)]
-            if later and isinstance(ops[later[0]], Push):
-                # Pop ... Push with v untouched between: the stack keeps it.
-                del ops[later[0]], ops[i]
-                continue
-            if later and v not in op_reads(ops[later[0]]) and v in op_writes(ops[later[0]]):
-                # The popped value is overwritten unread: update the top in place.
-                pushes = [j for j in later if isinstance(ops[j], (Push, Pop, Update))]
-                if pushes and isinstance(ops[pushes[0]], Push):
-                    ops[pushes[0]] = Update(v)
-                    del ops[i]
-                    continue
-        i += 1
-    return replace(block, ops=tuple(ops))
+    for i in range(len(ops)):
+        if not isinstance(ops[i], Pop):
+            continue
+        v = ops[i].var
+        nxt = next((j for j in range(i + 1, len(ops)) if isinstance(ops[j], (Push, Pop, Peek, Update))
+                    and ops[j].var == v), None)
+        if nxt is None or not isinstance(ops[nxt], Push):
+            continue
+        between = ops[i + 1:nxt]
+        written = any(v in op_writes(op) for op in between)
+        first = next((op for op in between if v in op_reads(op) or v in op_writes(op)), None)
+        read_first = first is not None and v in op_reads(first)
+        ops[nxt] = Update(v) if written else None
+        ops[i] = Peek(v) if read_first else None
+    return replace(block, ops=tuple(op for op in ops if op is not None))

@@ -72,6 +72,11 @@ class BatchPlacement:
 
 @dataclass
 class LayoutResult:
+    """The chosen ``order``; indices into the input batches that were
+    ``honoured`` / ``dropped``; ``placements`` per honoured batch; packed
+    buffer ``offsets``, ``sizes`` and ``total_size``; and the final ``tree``
+    (every order it admits satisfies the adjacency part of honoured batches)."""
+
     order: list[Var]
     honoured: list[int]
     dropped: list[int]
@@ -85,7 +90,8 @@ class LayoutResult:
         lines = [f"order: {' '.join(map(str, self.order))}", f"tree:  {self.tree}"]
         for b in self.honoured:
             pl = self.placements[b]
-            spans = ", ".join("-" if s is None else f"[{s.start}:{s.start + s.count}]" for s in pl.slices)
+            spans = ", ".join("-" if s is None else f"[{s.start}:{s.start + s.count}]"
+                              for s in pl.slices)
             lines.append(f"batch {b}: ops {list(pl.op_order)} at {spans}")
         if self.dropped:
             lines.append(f"dropped batches: {self.dropped}")
@@ -140,21 +146,31 @@ class _Shape:
         self.leaves[id(node)] = s
         return s
 
-    def span(self, group: Iterable[Var]) -> tuple[PQNode, list[PQNode]]:
-        """The subtree spanning a consecutive ``group``: its lowest node and the
-        children of that node that make up the group (all, or a Q-node range)."""
-        g = frozenset(group)
+    def _lowest(self, g: frozenset) -> tuple[PQNode, list[PQNode]]:
+        """Lowest node holding all of ``g``, and its children meeting ``g``."""
         node = self.tree.root
         assert node is not None
         while True:
             nxt = next((c for c in node.children if g <= self.leaves[id(c)]), None)
             if nxt is None:
-                break
+                return node, [c for c in node.children if self.leaves[id(c)] & g]
             node = nxt
-        if node.kind == LEAF:
-            return node, []
-        kids = [c for c in node.children if self.leaves[id(c)] & g]
-        assert all(self.leaves[id(c)] <= g for c in kids), "group is not consecutive"
+
+    def implies(self, g: frozenset) -> bool:
+        """PQTree.implies, from the cached leaf sets (no tree walk)."""
+        if len(g) <= 1:
+            return True
+        node, kids = self._lowest(g)
+        if node.kind == P:
+            return len(kids) == len(node.children) and all(self.leaves[id(c)] <= g for c in kids)
+        i, j = node.children.index(kids[0]), node.children.index(kids[-1])
+        return all(self.leaves[id(c)] <= g for c in node.children[i : j + 1])
+
+    def span(self, group: Iterable[Var]) -> tuple[PQNode, list[PQNode]]:
+        """The subtree spanning a consecutive ``group``: its lowest node and the
+        children of that node that make up the group (all, or a Q-node range)."""
+        node, kids = self._lowest(frozenset(group))
+        assert all(self.leaves[id(c)] <= frozenset(group) for c in kids), "group is not consecutive"
         return node, kids
 
 
@@ -179,20 +195,21 @@ def _subtree_constraints(shape: _Shape, group: tuple[Var, ...]) -> set[frozenset
 def _broadcast_constraints(tree: PQTree, batches: list[_Batch]) -> bool:
     """BroadcastConstraint: apply each group's op-index constraints to every
     group of its batch until nothing changes.  False if one is infeasible."""
+    shape = _Shape(tree)
     changed = True
     while changed:
         changed = False
         for b in batches:
             cons: set[frozenset[int]] = set()
             for g in b.tied:
-                cons |= _subtree_constraints(_Shape(tree), g)
+                cons |= _subtree_constraints(shape, g)
             for c in cons:
                 for g in b.tied:
-                    s = [g[i] for i in c]
-                    if not tree.implies(s):
+                    s = frozenset(g[i] for i in c)
+                    if not shape.implies(s):
                         if not tree.reduce(s):
                             return False
-                        changed = True
+                        shape, changed = _Shape(tree), True
     return True
 
 
@@ -258,7 +275,8 @@ def _match(shape: _Shape, uf: _OrderUnionFind, ga: tuple[Var, ...], gb: tuple[Va
             return False
         psi = tuple(where[s] for s in opa)  # child ka[i] corresponds to kb[psi[i]]
         if Q in (na.kind, nb.kind):
-            # Only a direction is free; the matched runs must be monotone.
+            # Only a direction is free, so the matched runs must map monotonely
+            # (always true at a BroadcastConstraint fixpoint; checked anyway).
             if P in (na.kind, nb.kind) and len(ka) != 2:
                 return False
             ident = tuple(range(len(ka)))
@@ -272,7 +290,9 @@ def _match(shape: _Shape, uf: _OrderUnionFind, ga: tuple[Var, ...], gb: tuple[Va
             rel = psi
         if not uf.union(na, nb, rel):
             return False
-        todo.extend(((a, a.children), (b, b.children)) for a, b in zip(ka, (kb[j] for j in psi)) if a.kind != LEAF)
+        for a, j in zip(ka, psi):
+            if a.kind != LEAF:
+                todo.append(((a, a.children), (kb[j], kb[j].children)))
     return True
 
 
@@ -360,7 +380,9 @@ def plan_layout(
     return LayoutResult(order, honoured, dropped, placements, offsets, size, total, tree)
 
 
-def _place(b: _Batch, pos: dict[Var, int], offsets: dict[Var, int], size: dict[Var, int]) -> BatchPlacement:
+def _place(
+    b: _Batch, pos: dict[Var, int], offsets: dict[Var, int], size: dict[Var, int],
+) -> BatchPlacement:
     ref = b.tied[0] if b.tied else None
     op_order = tuple(sorted(range(b.k), key=lambda i: pos[ref[i]])) if ref else tuple(range(b.k))
     slices: list[OperandSlice | None] = []
@@ -372,6 +394,7 @@ def _place(b: _Batch, pos: dict[Var, int], offsets: dict[Var, int], size: dict[V
         start = pos[seq[0]]
         # Guaranteed by construction; checked because callers will slice blindly.
         assert [pos[v] for v in seq] == list(range(start, start + b.k)), "layout bug: unaligned group"
-        sz = {size[v] for v in seq}
-        slices.append(OperandSlice(start, b.k, offsets[seq[0]], sum(size[v] for v in seq), sz.pop() if len(sz) == 1 else None))
+        each = {size[v] for v in seq}
+        stride = each.pop() if len(each) == 1 else None
+        slices.append(OperandSlice(start, b.k, offsets[seq[0]], sum(size[v] for v in seq), stride))
     return BatchPlacement(op_order, tuple(slices))

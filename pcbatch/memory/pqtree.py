@@ -235,7 +235,8 @@ class _Templates:
             return PQNode(Q, [_group(empty), _group(full)])
         if len(parts) == 1:  # P5
             q = parts[0]
-            q.children = ([_group(empty)] if empty else []) + q.children + ([_group(full)] if full else [])
+            head = [_group(empty)] if empty else []
+            q.children = head + q.children + ([_group(full)] if full else [])
             return q
         raise _Infeasible  # two partial children below the root: S would need a gap
 

@@ -25,6 +25,7 @@ from pcbatch.ir.core import (
     STACKED,
     Branch,
     Jump,
+    Peek,
     Pop,
     Prim,
     Push,
@@ -157,10 +158,11 @@ class Machine:
                     where = jnp.where(active, sps[op.var] - 1, D)
                     stacks[op.var] = tree_map(lambda s, x: s.at[where, lanes].set(x, mode="drop"),
                                               stacks[op.var], read(op.var)[0])
-                elif isinstance(op, Pop):
+                elif isinstance(op, (Pop, Peek)):
                     top = jnp.maximum(sps[op.var] - 1, 0)
                     env[op.var] = tree_map(lambda s: s[top, lanes], stacks[op.var])
-                    sps[op.var] = sps[op.var] - active
+                    if isinstance(op, Pop):
+                        sps[op.var] = sps[op.var] - active
             for v, x in env.items():
                 if prog.var_class[v] in (REGISTER, STACKED):
                     regs[v] = _select(active, x, regs[v])

@@ -100,7 +100,7 @@ def test_contradictory_alignment_is_dropped_greedily():
     res = plan_layout("abcdefgh", batches)
     assert res.honoured == [0, 3] and res.dropped == [1, 2]
     check_placements(res, batches)
-    assert (res.honoured, tuple(res.order) in greedy_brute_force("abcdefgh", batches)[1]) == ([0, 3], True)
+    assert tuple(res.order) in greedy_brute_force("abcdefgh", batches)[1]
 
 
 def test_adjacency_conflict_drops_the_later_batch():
@@ -126,7 +126,8 @@ def test_lstm_gates_shared_input_and_sizes():
     assert x is None
     assert (out.count, out.stride, out.length) == (4, 3, 12) and (w.stride, w.length) == (12, 48)
     # Packed offsets follow the order.
-    assert [res.offsets[v] for v in res.order] == list(itertools.accumulate([0] + [sizes[v] for v in res.order[:-1]]))
+    starts = itertools.accumulate([0] + [sizes[v] for v in res.order[:-1]])
+    assert [res.offsets[v] for v in res.order] == list(starts)
     assert res.total_size == sum(sizes.values())
     # mix also needs {h_i, h_f} and {W_i, W_f} adjacent.
     assert honours(res.order, mix) and not honours(res.order, clash)
@@ -157,12 +158,12 @@ def test_pqtree_is_exported():
 # ------------------------------------------------------------------ property
 @st.composite
 def problems(draw, max_n: int = 6):
-    n = draw(st.integers(2, max_n))
+    n = draw(st.integers(3, max_n))
     variables = [f"v{i}" for i in range(n)]
     hidden = draw(st.permutations(variables))
 
     def batch(draw_):
-        k = draw_(st.integers(1, min(3, n)))
+        k = draw_(st.sampled_from([1, 2, 2, 3, 3]))
         m = draw_(st.integers(1, 3))
         groups = []
         for _ in range(m):
@@ -176,11 +177,11 @@ def problems(draw, max_n: int = 6):
                 groups.append(tuple(draw_(st.permutations(variables))[:k]))
         return groups
 
-    batches = [batch(draw) for _ in range(draw(st.integers(1, 5)))]
+    batches = [batch(draw) for _ in range(draw(st.integers(1, 6)))]
     return variables, batches
 
 
-@settings(max_examples=250, deadline=None, database=None)
+@settings(max_examples=500, deadline=None, database=None)
 @given(problems())
 def test_greedy_layout_matches_brute_force(problem):
     variables, batches = problem

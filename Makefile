@@ -1,0 +1,29 @@
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo fuzz bench notebooks clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+fuzz: $(STAMP)
+	PCBATCH_FUZZ_EXAMPLES=$${PCBATCH_FUZZ_EXAMPLES:-10000} $(BIN)/python -m pytest -q -m slow tests/fuzz
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.vm_overhead
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
