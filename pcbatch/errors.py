@@ -77,8 +77,10 @@ class MaxStepsExceededError(PcbatchError):
     def __init__(self, examples: list[int], max_steps: int, where: list[str]):
         self.examples = examples
         self.max_steps = max_steps
-        shown = ", ".join(examples_where for examples_where in where[:10])
+        shown = ", ".join(where[:10])
         super().__init__(
             f"{len(examples)} example(s) still running after max_steps={max_steps} VM steps: {shown}.\n"
-            "Hint: a loop may not terminate for these inputs; otherwise raise `max_steps=`."
+            "Hint: a loop may not terminate for these inputs; otherwise raise `max_steps=`. "
+            "One runaway example can starve the others (the scheduler keeps picking its blocks), "
+            "so not every example listed is necessarily looping."
         )
