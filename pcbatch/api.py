@@ -114,8 +114,7 @@ class Autobatched:
     def trace(self, *args: Any, max_steps: int | None = None) -> list[Trace]:
         """What each example executes (blocks of `lowered(*args)`), one `Trace` each."""
         prog = self.lowered(*args)
-        inputs, _, batch = self._inputs(prog, args)
-        return [run_stack_program(prog, self._example(prog, inputs, i), max_steps=max_steps) for i in range(batch)]
+        return [run_stack_program(prog, example, max_steps=max_steps) for example in self._examples(prog, args)]
 
     def with_schedule(self, schedule: Any) -> "Autobatched":
         """The same function run under another scheduler."""
@@ -172,14 +171,11 @@ class Autobatched:
                 out.append(tree_util.tree_unflatten(treedef, moved))
         return out, [s is not None for s in specs], batch
 
-    def _inputs(self, prog: StackProgram, args: Sequence[Any]) -> tuple[dict[str, Any], tuple[bool, ...], int]:
+    def _examples(self, prog: StackProgram, args: Sequence[Any]) -> list[dict[str, Any]]:
+        """The entry parameters' values for each example on its own."""
         values, batched, batch = self._split(args)
-        return dict(zip(prog.entry_params, values)), tuple(batched), batch
-
-    @staticmethod
-    def _example(prog: StackProgram, inputs: dict[str, Any], i: int) -> dict[str, Any]:
-        return {v: (x if prog.var_class.get(v) == "constant" else tree_util.tree_map(lambda a: a[i], x))
-                for v, x in inputs.items()}
+        return [{p: tree_util.tree_map(lambda a: a[i], x) if b else x
+                 for p, x, b in zip(prog.entry_params, values, batched)} for i in range(batch)]
 
     def _prepare(self, args: Sequence[Any]) -> tuple[StackProgram, Callable, dict[str, Any], int]:
         values, batched, batch = self._split(args)
@@ -227,11 +223,11 @@ class Autobatched:
     def _raise_for(self, status: Status, prog: StackProgram, args: Sequence[Any]) -> None:
         overflow = np.nonzero(np.asarray(status.overflow))[0].tolist()
         if overflow:
-            inputs, _, _ = self._inputs(prog, args)
+            examples = self._examples(prog, args)
             needed = {}
             for i in overflow[:5]:
                 limit = 8 * self.max_stack_depth
-                t = run_stack_program(prog, self._example(prog, inputs, i), max_steps=1_000_000, max_depth=limit)
+                t = run_stack_program(prog, examples[i], max_steps=1_000_000, max_depth=limit)
                 needed[i] = (f"max_stack_depth={t.max_depth}" if t.finished else
                              f"more than {limit} (runaway recursion?)" if t.max_depth > limit else
                              f"at least {t.max_depth}")
