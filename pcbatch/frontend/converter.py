@@ -451,9 +451,9 @@ class Converter:
         self.terminate(Jump(header))
         self.cur = header
         c, s, st = (ast.Name(v, ast.Load()) for v in (counter, stop_v, step_v))
-        if sign > 0:
+        if sign is not None and sign > 0:
             test: ast.expr = ast.Compare(c, [ast.Lt()], [s])
-        elif sign < 0:
+        elif sign is not None and sign < 0:
             test = ast.Compare(c, [ast.Gt()], [s])
         else:  # step known only at run time
             test = ast.parse(f"{counter} < {stop_v} if {step_v} > 0 else {counter} > {stop_v}", mode="eval").body
