@@ -1,22 +1,60 @@
-"""Schedulers: which block the machine runs next."""
+"""Schedulers: which block the machine runs next.
+
+`"earliest"` (Radul et al.), `"depth"` and `"agenda"` (the DyNet/Fold
+baselines) by name, or a learned `Policy` (ED-Batch's finite state machine over
+the set of blocks on the frontier):
+
+>>> import jax.numpy as jnp, pcbatch, pcbatch.fsm
+>>> @pcbatch.autobatch
+... def fib(n):
+...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
+>>> policy = pcbatch.fsm.learn(fib, jnp.arange(8), trials=50, progress=False)
+>>> fib.with_schedule(policy)(jnp.array([3, 7]))
+Array([ 2, 13], dtype=int32)
+"""
 from __future__ import annotations
 
 from typing import Any
 
-from pcbatch.fsm.base import Earliest, Frontier, Scheduler
-
-_BY_NAME: dict[str, Any] = {"earliest": Earliest}
+from pcbatch.fsm.base import Frontier, Scheduler
+from pcbatch.fsm.baselines import BASELINES, Agenda, Depth, Earliest
+from pcbatch.fsm.graph import ExecGraph, lower_bound
+from pcbatch.fsm.policy import Policy
+from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
+from pcbatch.fsm.simulate import Schedule, Simulation, simulate
 
 
 def get_scheduler(schedule: Any) -> Scheduler:
     """A scheduler from its name, or the scheduler object itself."""
     if isinstance(schedule, str):
-        if schedule not in _BY_NAME:
-            raise ValueError(f"unknown schedule {schedule!r}; choose from {sorted(_BY_NAME)} or pass a scheduler")
-        return _BY_NAME[schedule]()
+        if schedule not in BASELINES:
+            raise ValueError(f"unknown schedule {schedule!r}; choose from {sorted(BASELINES)} or pass a scheduler")
+        return BASELINES[schedule]()
     if not hasattr(schedule, "choose") or not hasattr(schedule, "init"):
         raise TypeError(f"schedule must be a name or have init() and choose(); got {schedule!r}")
     return schedule
 
 
-__all__ = ["Earliest", "Frontier", "Scheduler", "get_scheduler"]
+def record(f: Any, *sample_args: Any) -> ExecGraph:
+    """What the autobatched `f` executes on a sample batch, as an `ExecGraph`
+    (one chain of blocks per example), from the reference tracer."""
+    prog = f.lowered(*sample_args)
+    return ExecGraph.from_chains([t.blocks for t in f.trace(*sample_args)], prog.num_blocks)
+
+
+def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000, seed: int = 0,
+          progress: bool = True, config: QConfig = QConfig()) -> Policy:
+    """Learn a scheduling policy for `f` from one sample batch (offline, in NumPy).
+
+    Use it with `f.with_schedule(policy)` or `autobatch(..., schedule=policy)`;
+    it applies to programs lowered with the same shared/batched arguments.
+    """
+    graph = record(f, *sample_args)
+    return learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
+                             progress=progress, config=config)
+
+
+__all__ = [
+    "Agenda", "Depth", "Earliest", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule", "Scheduler",
+    "Simulation", "get_scheduler", "learn", "learn_from_graphs", "lower_bound", "record", "simulate",
+]

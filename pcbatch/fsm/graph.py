@@ -67,7 +67,7 @@ class ExecGraph:
             raise ValueError("parent_ptr[-1] must equal len(parent_idx)")
         if self.parent_idx.size and not (0 <= self.parent_idx.min() and self.parent_idx.max() < n):
             raise ValueError("parent indices out of range")
-        self.depth  # noqa: B018 -- computing the topological order rejects cycles up front
+        _ = self.waves  # computing the topological order rejects cycles up front
 
     @property
     def num_nodes(self) -> int:

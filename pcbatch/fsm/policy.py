@@ -9,10 +9,13 @@ The state is an encoding of which blocks have ready lanes:
 
 On the host a state is a tuple of block indices.  On the device it is the same
 tuple padded with ``num_types`` to a fixed width, computed from
-`Frontier.counts` and matched exactly against the rows of a table compiled
-into the program (a ``[rows, width]`` int32 compare per VM step; no host round
-trip, any number of blocks).  A state missing from the table falls back to
-the earliest ready block, as does a table action that is not ready.
+`Frontier.counts` (one argsort) and matched exactly against the rows of a
+table compiled into the program: a ``[rows, width]`` int32 compare per VM
+step, no host round trip, any number of blocks.
+
+A state missing from the table falls back to the earliest ready block (as does
+a table action that is not ready, which a valid table never has).  Entries
+that choose the earliest ready block anyway are left out of the device table.
 """
 from __future__ import annotations
 
@@ -62,6 +65,7 @@ def encode_state_device(counts: jax.Array, encoding: str) -> jax.Array:
 
 
 def key_width(num_types: int, encoding: str) -> int:
+    """Length of the device-side state key."""
     return num_types + (encoding == "max")
 
 
@@ -115,13 +119,14 @@ class Policy:
 
     @cached_property
     def _device_table(self) -> tuple[np.ndarray, np.ndarray]:
-        width = key_width(self.num_types, self.encoding)
-        keys = np.full((len(self.states) + 1, width), self.num_types, np.int32)
-        for row, state in enumerate(self.states):
-            keys[row, : len(state)] = state
+        # Entries choosing the earliest ready block, min(state), are left out.
+        rows = [(s, a) for s, a in zip(self.states, self.actions) if a != min(s)]
+        keys = np.full((len(rows) + 1, key_width(self.num_types, self.encoding)), self.num_types, np.int32)
+        for i, (state, _) in enumerate(rows):
+            keys[i, : len(state)] = state
         # A final row of -1 never matches, so an empty table still has a row.
         keys[-1] = -1
-        return keys, np.asarray([*self.actions, 0], np.int32)
+        return keys, np.asarray([a for _, a in rows] + [0], np.int32)
 
     def init(self, num_blocks: int, num_lanes: int) -> Any:
         if num_blocks != self.num_types:
@@ -144,9 +149,14 @@ class Policy:
     def table(self, names: Sequence[str] | None = None) -> str:
         """The table as text, one ``state -> block`` line per state."""
         label = (lambda t: names[t]) if names is not None else str
-        order = {"base": "ready blocks", "max": "most ready, then ready blocks", "sort": "ready blocks, most lanes first"}
+        order = {
+            "base": "ready blocks",
+            "max": "most ready, then ready blocks",
+            "sort": "ready blocks, most lanes first",
+        }
         lines = [
-            f"FSM policy: encoding={self.encoding}, {len(self.states)} states, unseen states run the earliest ready block",
+            f"FSM policy: encoding={self.encoding}, {len(self.states)} states, "
+            "unseen states run the earliest ready block",
             f"state ({order[self.encoding]}) -> block to run",
         ]
         lines += [f"[{', '.join(label(t) for t in s)}] -> {label(a)}" for s, a in zip(self.states, self.actions)]

@@ -44,6 +44,7 @@ class QConfig:
     eps_min: float = 0.05
     eval_every: int = 50  # episodes between greedy replays
     stop_ratio: float = 1.01  # stop once steps <= stop_ratio * lower bound
+    max_states: int = 2048  # table size cap (the states the final replay visits are always kept)
 
 
 def learn_from_graphs(
@@ -66,10 +67,13 @@ def learn_from_graphs(
         raise ValueError(f"every graph must have num_types={num_types}")
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown encoding {encoding!r}; expected one of {ENCODINGS}")
+    if trials < 1:
+        raise ValueError("trials must be at least 1")
 
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     q: dict[State, np.ndarray] = {}
+    visits: Counter[State] = Counter()
     bound = sum(lower_bound(g) for g in graphs)
     best_table: dict[State, int] = {}
     best_steps = None
@@ -79,6 +83,7 @@ def learn_from_graphs(
     for episode in bar:
         episodes += 1
         trajectory = _episode(graphs[episode % len(graphs)], q, eps, rng, encoding, config.alpha)
+        visits.update(trajectory[0])
         _update(q, *trajectory, config)
         eps = max(config.eps_min, eps * config.eps_decay)
         if episodes % config.eval_every == 0 or episodes == trials:
@@ -92,6 +97,11 @@ def learn_from_graphs(
     bar.close()
 
     table, transitions = _replay(graphs, Policy(num_types, encoding, best_table))
+    # Beyond the replayed states, keep the most visited ones whose choice
+    # differs from the fallback (the earliest ready block, min(state)); the
+    # rest would not change what the policy does.
+    extra = sorted((s for s, a in best_table.items() if s not in table and a != min(s)), key=lambda s: -visits[s])
+    table.update((s, best_table[s]) for s in extra[: max(0, config.max_states - len(table))])
     info = {
         "steps": best_steps,
         "lower_bound": bound,
@@ -147,13 +157,12 @@ def _total_steps(graphs: Sequence[ExecGraph], policy: Policy) -> int:
 
 
 def _replay(graphs: Sequence[ExecGraph], policy: Policy) -> tuple[dict[State, int], list[tuple[State, State, int]]]:
-    """Replays `policy` on `graphs`, recording its transitions.
+    """Replays `policy` on `graphs`: the table of the states it visits, and its transitions.
 
-    States it reaches but has no entry for are added with the fallback choice
-    it made there (so the policy's behaviour is unchanged), making every
-    transition's endpoints table states.
+    A visited state without an entry gets the fallback choice made there, so
+    the policy's behaviour on `graphs` is unchanged.
     """
-    table = dict(zip(policy.states, policy.actions))
+    table: dict[State, int] = {}
     seen: Counter[tuple[State, State]] = Counter()
     for graph in graphs:
         sim = Simulation(graph)
@@ -161,7 +170,7 @@ def _replay(graphs: Sequence[ExecGraph], policy: Policy) -> tuple[dict[State, in
         while not sim.done:
             state = encode_state(sim.counts, policy.encoding)
             block = policy(sim)
-            table.setdefault(state, block)
+            table[state] = block
             if prev is not None:
                 seen[prev, state] += 1
             prev = state

@@ -29,7 +29,6 @@ class Simulation:
     """
 
     def __init__(self, graph: ExecGraph, track_reward: bool = False) -> None:
-        self.graph = graph
         num_types = graph.num_types
         self.counts = np.zeros(num_types, np.int64)
         self.depth_sum = np.zeros(num_types, np.int64)
