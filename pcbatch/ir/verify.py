@@ -5,6 +5,8 @@ from pcbatch.ir.core import (
     Block,
     STACK_OPS,
     Call,
+    Peek,
+    Pop,
     Prim,
     Program,
     PushJump,
@@ -61,11 +63,19 @@ def verify_stack_program(prog: StackProgram) -> None:
     _check_targets(prog.blocks, "program")
     _check(0 <= prog.entry_block < prog.num_blocks, "entry block out of range")
     stacked = set()
-    for b in prog.blocks:
+    for i, b in enumerate(prog.blocks):
+        reads: dict[str, int] = {}
+        writes: dict[str, int] = {}
         for op in b.ops:
             _check(not isinstance(op, Call), "Call left in a stack program")
             if isinstance(op, STACK_OPS):
                 stacked.add(op.var)
+                # The machine gathers each stack's top once per step and scatters
+                # once: at most one read, then at most one write, per block.
+                kind = reads if isinstance(op, (Pop, Peek)) else writes
+                kind[op.var] = kind.get(op.var, 0) + 1
+                _check(kind[op.var] == 1 and not (kind is reads and op.var in writes),
+                       f"b{i}: {op.var} needs more than one stack read then one write")
         if isinstance(b.term, Return):
             _check(b.term.value is None, "stack-program Return carries a value")
     if prog.var_class:

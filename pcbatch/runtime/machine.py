@@ -36,6 +36,7 @@ from pcbatch.ir.core import (
 )
 
 tree_map = jax.tree_util.tree_map
+PC = "<pc>"  # the program-counter stack, handled like a variable's stack
 
 
 class Status(NamedTuple):
@@ -122,15 +123,23 @@ class Machine:
         return state
 
     # --- one block -------------------------------------------------------
+    #
+    # Stacks never enter `lax.switch`: XLA would copy every operand a branch
+    # passes through, i.e. every whole stack, every step. Instead each stack's
+    # top is gathered before the switch, and a branch returns at most one
+    # write request per stack (row `D` = no write), applied after it as one
+    # in-place scatter. Lowering guarantees a block reads a stack (Pop/Peek)
+    # at most once and before it writes it (Push/Update) at most once.
 
     def block_fn(self, b: int, consts: dict[str, Any]):
         prog, block, types = self.prog, self.prog.blocks[b], self.prog.var_types
-        L, D, lanes = self.lanes, self.depth, self.lane_ids
+        L, D = self.lanes, self.depth
 
-        def run(state: dict[str, Any]) -> dict[str, Any]:
-            state = dict(state)
-            regs, stacks, sps = dict(state["regs"]), dict(state["stacks"]), dict(state["sps"])
-            active = state["pc"] == b
+        def run(lane_state: dict[str, Any], tops: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+            lane_state = dict(lane_state)
+            regs, sps = dict(lane_state["regs"]), dict(lane_state["sps"])
+            active = lane_state["pc"] == b
+            writes = {v: (jnp.full((L,), D, jnp.int32), tops[v]) for v in self.stacked}
             env: dict[str, Any] = {}
 
             def read(v: str) -> tuple[Any, bool]:
@@ -150,24 +159,19 @@ class Machine:
                     for v, x in zip(op.outs, outs):
                         env[v] = _cast(x, types[v], None if any(batched) else L)
                 elif isinstance(op, Push):
-                    where = jnp.where(active, sps[op.var], D)  # D is out of range: dropped
-                    stacks[op.var] = tree_map(lambda s, x: s.at[where, lanes].set(x, mode="drop"),
-                                              stacks[op.var], read(op.var)[0])
+                    writes[op.var] = (jnp.where(active, sps[op.var], D), read(op.var)[0])
                     sps[op.var] = sps[op.var] + active
                 elif isinstance(op, Update):
-                    where = jnp.where(active, sps[op.var] - 1, D)
-                    stacks[op.var] = tree_map(lambda s, x: s.at[where, lanes].set(x, mode="drop"),
-                                              stacks[op.var], read(op.var)[0])
+                    writes[op.var] = (jnp.where(active, sps[op.var] - 1, D), read(op.var)[0])
                 elif isinstance(op, (Pop, Peek)):
-                    top = jnp.maximum(sps[op.var] - 1, 0)
-                    env[op.var] = tree_map(lambda s: s[top, lanes], stacks[op.var])
+                    env[op.var] = tops[op.var]
                     if isinstance(op, Pop):
                         sps[op.var] = sps[op.var] - active
             for v, x in env.items():
                 if prog.var_class[v] in (REGISTER, STACKED):
                     regs[v] = _select(active, x, regs[v])
 
-            pc, term = state["pc"], block.term
+            pc, term = lane_state["pc"], block.term
             if isinstance(term, Jump):
                 pc = jnp.where(active, term.target, pc)
             elif isinstance(term, Branch):
@@ -175,22 +179,23 @@ class Machine:
                 cond = jnp.broadcast_to(jnp.asarray(cond) != 0, (L,))
                 pc = jnp.where(active, jnp.where(cond, term.true, term.false), pc)
             elif isinstance(term, PushJump):
-                sp = state["pc_sp"]
+                sp = lane_state["pc_sp"]
                 overflow = active & (sp >= D)
                 ok = active & ~overflow
-                state["pc_stack"] = state["pc_stack"].at[jnp.where(ok, sp, D), lanes].set(term.ret, mode="drop")
-                state["pc_sp"] = sp + ok
-                state["overflow"] = state["overflow"] | overflow
+                writes[PC] = (jnp.where(ok, sp, D), jnp.full((L,), term.ret, jnp.int32))
+                lane_state["pc_sp"] = sp + ok
+                lane_state["overflow"] = lane_state["overflow"] | overflow
                 pc = jnp.where(ok, term.target, jnp.where(overflow, self.halt, pc))
             elif isinstance(term, Return):
                 if prog.has_calls:
-                    sp = state["pc_sp"] - active
-                    pc = jnp.where(active, state["pc_stack"][jnp.maximum(sp, 0), lanes], pc)
-                    state["pc_sp"] = sp
+                    pc = jnp.where(active, tops[PC], pc)
+                    lane_state["pc_sp"] = lane_state["pc_sp"] - active
                 else:
                     pc = jnp.where(active, self.halt, pc)
-            state.update(pc=pc, regs=regs, stacks=stacks, sps=sps, depth=state["depth"] + active)
-            return state
+            if prog.has_calls:
+                writes.setdefault(PC, (jnp.full((L,), D, jnp.int32), tops[PC]))
+            lane_state.update(pc=pc, regs=regs, sps=sps)
+            return lane_state, writes
 
         return run
 
@@ -198,7 +203,8 @@ class Machine:
 
     def run(self, consts: dict[str, Any], batched_inputs: dict[str, Any]) -> tuple[Any, Status]:
         branches = [self.block_fn(b, consts) for b in range(self.prog.num_blocks)]
-        halt, max_steps = self.halt, self.max_steps
+        halt, max_steps, lanes = self.halt, self.max_steps, self.lane_ids
+        in_switch = ("pc", "regs", "sps", "pc_sp", "overflow")
 
         def cond(state):
             running = jnp.any(state["pc"] < halt)
@@ -208,8 +214,21 @@ class Machine:
             pc = state["pc"]
             counts = jnp.zeros((halt + 1,), jnp.int32).at[pc].add(1)[:halt]
             block, sched = self.scheduler.choose(state["sched"], Frontier(pc, counts, state["depth"]))
-            state = lax.switch(block, branches, state)
-            return {**state, "sched": sched, "steps": state["steps"] + 1}
+            stacks = dict(state["stacks"])
+            sps = dict(state["sps"])
+            if self.prog.has_calls:
+                stacks[PC], sps[PC] = state["pc_stack"], state["pc_sp"]
+            tops = {v: tree_map(lambda s: s[jnp.maximum(sps[v] - 1, 0), lanes], stacks[v]) for v in stacks}
+            lane_state = {k: state[k] for k in in_switch if k in state}
+            lane_state, writes = lax.switch(block, branches, lane_state, tops)
+            for v, (row, value) in writes.items():
+                stacks[v] = tree_map(lambda s, x: s.at[row, lanes].set(x, mode="drop"), stacks[v], value)
+            new = {**state, **lane_state, "sched": sched, "steps": state["steps"] + 1,
+                   "depth": state["depth"] + (pc == block)}
+            if self.prog.has_calls:
+                new["pc_stack"] = stacks.pop(PC)
+            new["stacks"] = stacks
+            return new
 
         final = lax.while_loop(cond, body, self.init(batched_inputs))
         result = final["regs"][self.prog.result]

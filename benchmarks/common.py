@@ -1,0 +1,143 @@
+"""Timing helpers shared by the benchmarks."""
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+
+
+def block(x: Any) -> Any:
+    return jax.block_until_ready(x)
+
+
+def time_calls(fns: dict[str, Callable[[], Any]], repeats: int, min_time: float = 0.0) -> dict[str, float]:
+    """Median wall time (s) of each `fn()`, after one excluded warm-up call each.
+
+    The functions are timed round-robin (repeat 1 of each, then repeat 2 of
+    each, ...), so a change in background load hits them all alike. Each
+    repeat calls a function enough times to last at least `min_time` seconds
+    and records the mean of those calls."""
+    inner = {}
+    for k, fn in fns.items():
+        block(fn())  # warm-up (compilation, caches): excluded
+        t0 = time.perf_counter()
+        block(fn())
+        one = time.perf_counter() - t0
+        inner[k] = max(1, int(min_time / max(one, 1e-9))) if min_time > 0 else 1
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner[k]):
+                block(fn())
+            samples[k].append((time.perf_counter() - t0) / inner[k])
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def time_call(fn: Callable[[], Any], repeats: int, min_time: float = 0.0) -> float:
+    """Median wall time (s) of `fn()`; see `time_calls`."""
+    return time_calls({"fn": fn}, repeats, min_time)["fn"]
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds != seconds:  # nan
+        return "-"
+    if seconds >= 1.0:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    if seconds >= 1e-6:
+        return f"{seconds * 1e6:.2f} us"
+    return f"{seconds * 1e9:.0f} ns"
+
+
+def fmt_rate(per_s: float) -> str:
+    if per_s != per_s:
+        return "-"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if per_s >= scale:
+            return f"{per_s / scale:.2f}{unit}"
+    return f"{per_s:.0f}"
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    print(line(headers))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print(line(r))
+
+
+# --- optimized-HLO inspection ---------------------------------------------
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+                "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+
+
+def _shape_bytes(shape: str) -> int:
+    """Bytes of an HLO array shape such as `s32[64,1024]{1,0}`."""
+    m = re.match(r"(\w+)\[([\d,]*)\]", shape)
+    if not m or m.group(1) not in _DTYPE_BYTES:
+        return 0
+    n = 1
+    for d in filter(None, m.group(2).split(",")):
+        n *= int(d)
+    return n * _DTYPE_BYTES[m.group(1)]
+
+
+def hlo_computations(text: str) -> dict[str, list[str]]:
+    comps: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) \(", line)
+        if m and line.rstrip().endswith("{"):
+            name = m.group(1)
+            comps[name] = []
+        elif line.startswith("}"):
+            name = None
+        elif name is not None:
+            comps[name].append(line.strip())
+    return comps
+
+
+def hlo_copy_report(text: str) -> str:
+    """Per VM step: bytes moved by `copy` instructions in the while body and
+    in each branch of its `conditional` (the `lax.switch`), and scatters."""
+    comps = hlo_computations(text)
+
+    def copies(lines: list[str]) -> tuple[int, int]:
+        n = b = 0
+        for ln in lines:
+            m = re.match(r"%[\w.\-]+ = (\S+) copy\(", ln)
+            if m:
+                n += 1
+                b += _shape_bytes(m.group(1))
+        return n, b
+
+    body = None
+    for lines in comps.values():
+        for ln in lines:
+            m = re.search(r"\bwhile\(.*body=%?([\w.\-]+)", ln)
+            if m:
+                body = m.group(1)
+    if body is None or body not in comps:
+        return "no while loop found"
+    branches: list[str] = []
+    for ln in comps[body]:
+        m = re.search(r"conditional\(.*branch_computations=\{([^}]*)\}", ln)
+        if m:
+            branches = [s.strip().lstrip("%") for s in m.group(1).split(",")]
+    n, b = copies(comps[body])
+    parts = [f"loop body {n} copies/{b / 1024:.0f} KiB"]
+    per = []
+    for br in branches:
+        cn, cb = copies(comps.get(br, []))
+        sc = sum(1 for ln in comps.get(br, []) if re.match(r"(ROOT )?%[\w.\-]*scatter[\w.\-]* = |.* scatter\(", ln))
+        per.append(f"{cn}/{cb / 1024:.0f}K" + (f"/{sc}sC" if sc else ""))
+    if branches:
+        parts.append(f"{len(branches)} branches (copies/KiB): " + " ".join(per))
+    return "; ".join(parts)
