@@ -50,6 +50,18 @@ def find_constants(program: Program, shared_inputs: tuple[bool, ...]) -> dict[st
         else:
             const[p] = None  # origin decided by its call sites
 
+    while True:
+        _demote(const, params, defs, call_args, program.entry)
+        # A parameter whose origin never resolved is only passed to itself: not a constant.
+        unresolved = [v for v in const if v in params and const[v] is None]
+        if not unresolved:
+            return dict(const)
+        for v in unresolved:
+            del const[v]
+
+
+def _demote(const, params, defs, call_args, entry) -> None:
+    """Optimistic fixpoint: drop what is not provably constant."""
     changed = True
     while changed:
         changed = False
@@ -63,7 +75,7 @@ def find_constants(program: Program, shared_inputs: tuple[bool, ...]) -> dict[st
                         break
                     if const[a] is not None:
                         origins.add(const[a])
-                if params[v][0] == program.entry:
+                if params[v][0] == entry:
                     origins.add(v)
                 ok = ok and len(origins) <= 1
                 if not ok:
@@ -77,4 +89,3 @@ def find_constants(program: Program, shared_inputs: tuple[bool, ...]) -> dict[st
                 if any(qualify(fn, i) not in const for i in op.ins):
                     del const[v]
                     changed = True
-    return {v: o for v, o in const.items() if o is not None}
