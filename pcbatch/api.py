@@ -79,9 +79,11 @@ class Autobatched:
 
     # --- calling ---------------------------------------------------------
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _context.python_mode():
-            return self.fn(*args)
+            return self.fn(*args, **kwargs)
+        if kwargs:
+            args = self._positional(args, kwargs)
         if _context.building():
             raise UnsupportedSyntaxError(
                 f"autobatched function `{self.__qualname__}` was called from primitive code",
@@ -93,6 +95,11 @@ class Autobatched:
             return self._checked_in_trace(result, status)
         self._raise_for(status, prog, args)
         return result
+
+    def _positional(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """Keyword arguments as positional ones (they follow `in_axes` like those)."""
+        bound = self.signature.bind(*args, **kwargs)
+        return tuple(bound.args)
 
     def checked(self, *args: Any) -> tuple[Any, Status]:
         """Like calling, but returns `(result, status)` instead of raising, so it

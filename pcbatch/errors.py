@@ -46,10 +46,12 @@ class TypeMismatchError(PcbatchError):
 
     def __init__(self, var: str, first: str, first_loc: Loc | None, second: str, second_loc: Loc | None):
         self.var = var
+        fn, _, local = var.rpartition(".")
+        what = f"the return value of `{fn}`" if local == "<ret>" else f"variable `{var}`"
         where1 = f"\n{first_loc.quote()}" if first_loc else ""
         where2 = f"\n{second_loc.quote()}" if second_loc else ""
         super().__init__(
-            f"variable `{var}` has type {first} here:{where1}\nbut type {second} here:{where2}\n"
+            f"{what} has type {first} here:{where1}\nbut type {second} here:{where2}\n"
             "Hint: every assignment to a variable (and every return of a function) must have the "
             "same shape and tree structure; dtypes are joined by JAX's promotion rules. Use "
             "separate variable names, or cast/reshape explicitly."

@@ -277,7 +277,8 @@ class Converter:
         try:
             bound = sig.bind(*placeholders, **{k.arg: k.value for k in node.keywords})
         except TypeError as e:
-            raise self.unsupported(node, f"call to `{callee}` does not match its signature {sig}: {e}") from e
+            raise self.unsupported(node, f"call to `{callee}` does not match its signature {sig}: {e}",
+                                   f"pass exactly the parameters `{callee}{sig}` takes.") from e
         args: list[str] = []
         for pname, param in sig.parameters.items():
             if pname in bound.arguments:
@@ -388,9 +389,16 @@ class Converter:
         value = node.value if node.value is not None else ast.copy_location(ast.Constant(None), node)
         var = self.atom(value)
         self.here(node)
-        self.terminate(Return(var))
+        self.terminate(Return(var, self.loc(node)))
+
+    def constant_test(self, test: ast.expr) -> bool | None:
+        """The truth value of a literal condition (`while True:`), else None."""
+        return bool(test.value) if isinstance(test, ast.Constant) else None
 
     def visit_If(self, node: ast.If) -> None:
+        if self.constant_test(node.test) is not None:  # `if True:` needs no branch
+            self.statements(node.body if self.constant_test(node.test) else node.orelse)
+            return
         cond = self.atom(node.test)
         then_b = self.new_block("if.then", self.loc(node.body[0]))
         else_b = self.new_block("if.else", self.loc(node.orelse[0]) if node.orelse else None)
@@ -412,8 +420,11 @@ class Converter:
         self.here(node)
         self.terminate(Jump(header))
         self.cur = header
-        cond = self.atom(node.test)
-        self.terminate(Branch(cond, body, exit_, self.loc(node)))
+        if self.constant_test(node.test) is None:
+            cond = self.atom(node.test)
+            self.terminate(Branch(cond, body, exit_, self.loc(node)))
+        else:  # `while True:` leaves only through break/return
+            self.terminate(Jump(body if self.constant_test(node.test) else exit_))
         self.loop_body(body, header, exit_, node.body)
         self.cur = exit_
 
@@ -435,13 +446,15 @@ class Converter:
         if node.orelse:
             raise self.unsupported(node, "`for ... else` is not supported", "use a flag variable.")
         if not isinstance(node.target, ast.Name):
-            raise self.unsupported(node, "the loop variable of `for` must be a single name")
+            raise self.unsupported(node, "the loop variable of `for` must be a single name",
+                                   "write `for i in range(n):` and unpack inside the loop body.")
         args = list(it.args)
         start, stop, step = ([ast.Constant(0)] + args + [ast.Constant(1)])[:3] if len(args) == 1 else (
             args + [ast.Constant(1)])[:3]
         sign = self._constant_sign(step)
         if sign == 0:
-            raise self.unsupported(node, "range() step must not be zero")
+            raise self.unsupported(node, "range() step must not be zero",
+                                   "use a positive step to count up or a negative one to count down.")
         counter, stop_v, step_v = self.temp(), self.atom(stop), self.atom(step)
         self.assign(counter, self.flatten(start), node)
         header = self.new_block("for.header", self.loc(node))
@@ -495,8 +508,4 @@ class Converter:
 
 def convert_function(fn: Callable, name: str, resolve: Resolver) -> Function:
     """The block IR (Figure 2) of the Python function `fn`."""
-    if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn):
-        raise UnsupportedSyntaxError("generators and coroutines are not supported",
-                                     Loc(fn.__code__.co_filename, fn.__code__.co_firstlineno),
-                                     "return the values instead of yielding them.")
     return Converter(fn, name, resolve).convert()

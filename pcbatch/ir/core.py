@@ -104,6 +104,7 @@ class Return:
     """Figure 2: return `value`. Figure 4: `value` is None; pop the pc stack."""
 
     value: str | None = None
+    loc: Loc | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

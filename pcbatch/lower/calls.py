@@ -17,7 +17,8 @@ from pcbatch.lower.constants import qualify
 
 
 def ret_var(fn: str) -> str:
-    return qualify(fn, "ret")
+    """The return value of `fn`; `<ret>` cannot clash with a Python name."""
+    return qualify(fn, "<ret>")
 
 
 def _copy(outs: tuple[str, ...], ins: tuple[str, ...], loc=None) -> Prim:
@@ -92,7 +93,7 @@ def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
                 continue
             term = b.term
             if isinstance(term, Return):
-                ops.append(_copy((ret_var(f.name),), (qualify(f.name, term.value),)))
+                ops.append(_copy((ret_var(f.name),), (qualify(f.name, term.value),), term.loc))
                 term = Return()
             elif isinstance(term, Jump):
                 term = Jump(starts[term.target])

@@ -77,9 +77,11 @@ def eliminate_pop_push(block: Block) -> Block:
                     and ops[j].var == v), None)
         if nxt is None or not isinstance(ops[nxt], Push):
             continue
-        between = ops[i + 1:nxt]
-        written = any(v in op_writes(op) for op in between)
-        first = next((op for op in between if v in op_reads(op) or v in op_writes(op)), None)
+        written = any(v in op_writes(op) for op in ops[i + 1:nxt])
+        # Without the Pop, v's current value is the callee's until v is next
+        # written: any read before that (even after the Push) needs a Peek.
+        rest = [op for j, op in enumerate(ops[i + 1:], i + 1) if j != nxt]
+        first = next((op for op in rest if v in op_reads(op) or v in op_writes(op)), None)
         read_first = first is not None and v in op_reads(first)
         ops[nxt] = Update(v) if written else None
         ops[i] = Peek(v) if read_first else None

@@ -74,7 +74,7 @@ def test_fib_stacks_only_what_is_live_across_calls():
     # n is needed after the first call (for n - 2); left after the second.
     assert classes(prog, "stacked") == {"fib.n", "fib.left"}
     assert "fib.right" not in classes(prog, "stacked")
-    assert "fib.ret" in classes(prog, "register")
+    assert "fib.<ret>" in classes(prog, "register")
 
 
 def test_loop_only_program_needs_no_stacks_but_the_pc():
@@ -124,16 +124,16 @@ def test_shared_parameters_are_constants_never_stacked():
 
 
 GOLDEN_FIB = """\
-stack program: 5 blocks, entry b0, result fib.ret
+stack program: 5 blocks, entry b0, result fib.<ret>
   inputs: fib.n
   stacked: fib.left:i32[], fib.n:i32[]
-  register: fib.ret:i32[]
+  register: fib.<ret>:i32[]
   temporary: fib._t1, fib._t2, fib._t3, fib._t4, fib.right
   b0 (fib.entry):
     _t1:bool[] = n <= 1
     branch _t1 ? b1 : b2
   b1 (fib.if.then):
-    ret:i32[] = n
+    <ret>:i32[] = n
     return
   b2 (fib.if.join):
     _t2:i32[] = n - 1
@@ -142,16 +142,16 @@ stack program: 5 blocks, entry b0, result fib.ret
     pushjump b0, return to b3
   b3 (fib.if.join.after_fib):
     pop n
-    left:i32[] = ret
+    left:i32[] = <ret>
     _t3:i32[] = n - 2
     push left
     n:i32[] = _t3
     pushjump b0, return to b4
   b4 (fib.if.join.after_fib):
     pop left
-    right:i32[] = ret
+    right:i32[] = <ret>
     _t4:i32[] = left + right
-    ret:i32[] = _t4
+    <ret>:i32[] = _t4
     return
 """
 

@@ -1,0 +1,300 @@
+"""The user-facing API: decorator forms, in_axes, pytree results, batch-size
+checks, and the readable IR / lowered listings."""
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pcbatch
+
+
+class Pair(NamedTuple):
+    lo: Any
+    hi: Any
+
+
+def _collatz(n):
+    steps = 0
+    while n != 1:
+        n = n // 2 if n % 2 == 0 else 3 * n + 1
+        steps += 1
+    return steps
+
+
+def collatz_py(n: int) -> int:
+    steps = 0
+    while n != 1:
+        n = n // 2 if n % 2 == 0 else 3 * n + 1
+        steps += 1
+    return steps
+
+
+N = np.asarray([1, 6, 27, 7, 2], np.int32)
+COLLATZ = [collatz_py(int(n)) for n in N]   # plain Python ints: an independent oracle
+
+
+# --- decorator forms --------------------------------------------------------
+
+@pcbatch.autobatch
+def bare(n):
+    steps = 0
+    while n != 1:
+        n = n // 2 if n % 2 == 0 else 3 * n + 1
+        steps += 1
+    return steps
+
+
+@pcbatch.autobatch(max_stack_depth=16, max_steps=100_000)
+def with_options(n):
+    steps = 0
+    while n != 1:
+        n = n // 2 if n % 2 == 0 else 3 * n + 1
+        steps += 1
+    return steps
+
+
+functional = pcbatch.autobatch(_collatz, in_axes=0)
+functional_bare = pcbatch.autobatch(_collatz)
+
+
+@pytest.mark.parametrize("f", [bare, with_options, functional, functional_bare],
+                         ids=["@autobatch", "@autobatch(...)", "autobatch(fn, ...)", "autobatch(fn)"])
+def test_decorator_forms(f):
+    assert isinstance(f, pcbatch.Autobatched)
+    np.testing.assert_array_equal(f(N), COLLATZ)
+    assert f(N).shape == (len(N),)
+
+
+def test_decorator_keeps_metadata_and_options():
+    assert with_options.__name__ == "with_options"
+    assert with_options.max_stack_depth == 16
+    assert with_options.max_steps == 100_000
+    assert functional.__name__ == "_collatz"
+    assert "with_options" in repr(with_options)
+
+
+def test_decorator_rejects_bad_arguments():
+    with pytest.raises(TypeError):
+        pcbatch.autobatch(42)
+    with pytest.raises(ValueError):
+        pcbatch.autobatch(_collatz, max_stack_depth=0)
+
+
+def test_exports():
+    for name in ("autobatch", "Autobatched", "PcbatchError", "UnsupportedSyntaxError", "TypeMismatchError",
+                 "StackOverflowError", "MaxStepsExceededError"):
+        assert hasattr(pcbatch, name)
+
+
+# --- in_axes ----------------------------------------------------------------
+
+@pcbatch.autobatch(in_axes=(None, 0))
+def lookup_walk(table, i):
+    """Follow table[i] until it is 0; shared table, per-example start."""
+    hops = 0
+    while table[i] != 0:
+        i = table[i]
+        hops += 1
+    return hops
+
+
+TABLE = np.asarray([0, 0, 1, 2, 3, 4], np.int32)  # table[i] = i - 1 for i >= 1: hops(i) = i - 1 (i >= 1)
+
+
+def test_in_axes_tuple_with_shared_argument():
+    starts = np.asarray([1, 5, 3, 0], np.int32)
+    # i = 1 -> table[1] = 0: 0 hops; i = 5 -> 4 -> 3 -> 2 -> 1: 4 hops; i = 3: 2 hops; i = 0: 0 hops
+    np.testing.assert_array_equal(lookup_walk(TABLE, starts), [0, 4, 2, 0])
+    np.testing.assert_array_equal(lookup_walk(TABLE, starts), lookup_walk.reference(TABLE, starts))
+
+
+@pcbatch.autobatch(in_axes=0)
+def scale_sum(xs, k):
+    total = 0.0
+    for i in range(k):
+        total = total + xs[i] * (i + 1)
+    return total
+
+
+def test_in_axes_int_and_nonzero_axis():
+    xs = np.arange(12, dtype=np.float32).reshape(3, 4)  # 3 examples of 4 values
+    k = np.asarray([0, 2, 4], np.int32)
+    # example 0: empty sum; example 1: 4*1 + 5*2 = 14; example 2: 8 + 18 + 30 + 44 = 100
+    expected = [0.0, 14.0, 100.0]
+    np.testing.assert_array_equal(scale_sum(xs, k), expected)
+    # The same examples with the batch on axis 1 of xs.
+    transposed = pcbatch.autobatch(scale_sum.fn, in_axes=(1, 0))
+    np.testing.assert_array_equal(transposed(xs.T, k), expected)
+    np.testing.assert_array_equal(transposed.reference(xs.T, k), expected)
+
+
+@pcbatch.autobatch(in_axes=({"w": None, "x": 0}, 0))
+def pytree_prefix(p, n):
+    """p["w"] is shared, p["x"] is per example."""
+    acc = p["x"]
+    for i in range(n):
+        acc = acc * p["w"][i % 2] + 1
+    return {"acc": acc, "w0": p["w"][0]}
+
+
+def test_in_axes_pytree_prefix():
+    p = {"w": np.asarray([2, 3], np.int32), "x": np.asarray([1, 0, 5], np.int32)}
+    n = np.asarray([0, 3, 1], np.int32)
+    out = pytree_prefix(p, n)
+    # example 0: 1; example 1: ((0*2+1)*3+1)*2+1 = 9; example 2: 5*2+1 = 11
+    np.testing.assert_array_equal(out["acc"], [1, 9, 11])
+    # a shared value returned is broadcast along the batch
+    np.testing.assert_array_equal(out["w0"], [2, 2, 2])
+    ref = pytree_prefix.reference(p, n)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, out, ref)
+
+
+@pcbatch.autobatch(in_axes=(0, None))
+def shared_scalar(n, k):
+    return n * k + 1
+
+
+def test_in_axes_shared_scalar_and_python_values():
+    np.testing.assert_array_equal(shared_scalar(np.asarray([0, 1, 2], np.int32), 10), [1, 11, 21])
+
+
+def test_mismatched_batch_sizes_raise_value_error():
+    with pytest.raises(ValueError, match="batch"):
+        scale_sum(np.zeros((3, 4), np.float32), np.asarray([1, 2], np.int32))
+
+
+def test_in_axes_errors():
+    with pytest.raises(ValueError):  # nothing is batched
+        pcbatch.autobatch(_collatz, in_axes=None)(N)
+    with pytest.raises(ValueError):  # in_axes has the wrong length
+        pcbatch.autobatch(scale_sum.fn, in_axes=(0, 0, 0))(np.zeros((2, 4), np.float32), np.asarray([1, 2], np.int32))
+
+
+# --- pytree results ---------------------------------------------------------
+
+@pcbatch.autobatch
+def minmax(xs, n):
+    lo = xs[0]
+    hi = xs[0]
+    for i in range(1, n):
+        lo = jnp.minimum(lo, xs[i])
+        hi = jnp.maximum(hi, xs[i])
+    return Pair(lo, hi)
+
+
+@pcbatch.autobatch
+def as_dict(n):
+    if n < 0:
+        return {"sign": -1, "abs": -n}
+    return {"sign": 1, "abs": n}
+
+
+@pcbatch.autobatch
+def as_tuple(n):
+    return n, (n * 2, n * 0.5)
+
+
+def test_namedtuple_return():
+    xs = np.asarray([[3, 1, 4, 1], [5, 9, 2, 6], [5, 3, 5, 8]], np.int32)
+    n = np.asarray([1, 4, 3], np.int32)
+    out = minmax(xs, n)
+    assert isinstance(out, Pair)
+    np.testing.assert_array_equal(out.lo, [3, 2, 3])
+    np.testing.assert_array_equal(out.hi, [3, 9, 5])
+
+
+def test_dict_and_tuple_returns():
+    n = np.asarray([-3, 0, 4], np.int32)
+    out = as_dict(n)
+    assert isinstance(out, dict) and set(out) == {"sign", "abs"}
+    np.testing.assert_array_equal(out["sign"], [-1, 1, 1])
+    np.testing.assert_array_equal(out["abs"], [3, 0, 4])
+    out = as_tuple(n)
+    assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure((0, (0, 0)))
+    np.testing.assert_array_equal(out[0], n)
+    np.testing.assert_array_equal(out[1][0], 2 * n)
+    np.testing.assert_array_equal(out[1][1], n * 0.5)
+    assert out[1][1].dtype == jnp.float32
+
+
+def test_pytree_result_structure_matches_reference():
+    n = np.asarray([-3, 0, 4], np.int32)
+    for f, args in ((as_dict, (n,)), (as_tuple, (n,)),
+                    (minmax, (np.ones((3, 2), np.int32), np.asarray([1, 2, 1], np.int32)))):
+        out, ref = f(*args), f.reference(*args)
+        assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(ref)
+        for leaf in jax.tree_util.tree_leaves(out):
+            assert leaf.shape[0] == 3
+
+
+# --- caching ----------------------------------------------------------------
+
+def test_cache_per_signature():
+    f = pcbatch.autobatch(_collatz)
+    f(N)
+    count = f.trace_count
+    assert count >= 1
+    f(N + 1)  # same shape and dtype
+    assert f.trace_count == count
+    f(np.asarray([3, 5], np.int32))  # new batch size: a new machine
+    assert f.trace_count > count
+    count = f.trace_count
+    f(np.asarray([9, 10], np.int32))
+    assert f.trace_count == count
+
+
+def test_works_under_jit_and_vmap_of_results():
+    out = jax.jit(lambda n: bare(n) * 2)(N)
+    np.testing.assert_array_equal(out, [2 * c for c in COLLATZ])
+
+
+# --- listings ---------------------------------------------------------------
+
+@pcbatch.autobatch
+def fib(n):
+    if n <= 1:
+        return n
+    return fib(n - 1) + fib(n - 2)
+
+
+def test_ir_listing_shows_blocks_and_calls():
+    text = str(fib.ir())
+    assert "fib" in text
+    assert len(re.findall(r"\bb\d+\b", text)) >= 3, text  # several blocks
+    assert re.search(r"\bcall\b", text), text
+    assert re.search(r"\breturn\b", text), text
+    assert re.search(r"\bbranch\b", text), text
+    loop_text = str(bare.ir())
+    assert not re.search(r"\bcall\b", loop_text), loop_text
+
+
+def test_lowered_listing_shows_variable_classes():
+    text = str(fib.lowered(N))
+    for word in ("stacked", "register", "temporary", "push", "pop", "pushjump"):
+        assert word in text, (word, text)
+
+
+def test_loop_only_program_needs_no_stacks():
+    text = str(bare.lowered(N))
+    assert "register" in text
+    assert not re.search(r"^\s*stacked:", text, re.M), text
+    assert "push" not in text and "pop" not in text
+
+
+def test_trace_has_one_entry_per_example():
+    traces = fib.trace(np.asarray([0, 5, 2], np.int32))
+    assert len(traces) == 3
+    assert all(t.finished for t in traces)
+    assert [int(t.result) for t in traces] == [0, 5, 1]  # fib(0), fib(5), fib(2)
+    # fib(5) makes 15 calls, fib(2) 3, fib(0) 1: more work means more blocks run
+    assert len(traces[0].blocks) < len(traces[2].blocks) < len(traces[1].blocks)
+    assert traces[0].max_depth < traces[2].max_depth < traces[1].max_depth
+
+
+def test_reference_runs_original_python():
+    np.testing.assert_array_equal(bare.reference(N), COLLATZ)
