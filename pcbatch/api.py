@@ -1,6 +1,7 @@
 """`pcbatch.autobatch`: the user-facing decorator."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable, Sequence
@@ -74,8 +75,9 @@ class Autobatched:
 
     def lowered(self, *args: Any) -> StackProgram:
         """The stack program (Figure 4) for these arguments, with each variable's
-        class (temporary / register / stacked / constant) and type."""
-        return self._prepare(args)[0]
+        class (temporary / register / stacked / constant), type and stack shape."""
+        prog, _, _, batch = self._prepare(args)
+        return dataclasses.replace(prog, lanes=batch, stack_depth=self.max_stack_depth)
 
     # --- calling ---------------------------------------------------------
 

@@ -182,6 +182,8 @@ class StackProgram:
     var_class: Mapping[str, str] = field(default_factory=dict)
     var_types: Mapping[str, Any] = field(default_factory=dict, compare=False)
     block_function: tuple[str, ...] = ()
+    lanes: int | None = None  # set once the machine's size is known
+    stack_depth: int | None = None
 
     @property
     def num_blocks(self) -> int:

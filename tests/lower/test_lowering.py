@@ -129,6 +129,9 @@ stack program: 5 blocks, entry b0, result fib.<ret>
   stacked: fib.left:i32[], fib.n:i32[]
   register: fib.<ret>:i32[]
   temporary: fib._t1, fib._t2, fib._t3, fib._t4, fib.right
+  machine: 4 lanes; pc stack i32[64,4]
+    stack of fib.left: i32[64,4]
+    stack of fib.n: i32[64,4]
   b0 (fib.entry):
     _t1:bool[] = n <= 1
     branch _t1 ? b1 : b2
