@@ -10,7 +10,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,notebooks]"
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -24,6 +24,10 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.vm_overhead
+
+notebooks: $(STAMP)
+	$(BIN)/python -m pip install -q jupyterlab
+	$(BIN)/python -m jupyter lab notebooks/
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

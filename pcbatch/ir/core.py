@@ -182,6 +182,8 @@ class StackProgram:
     var_class: Mapping[str, str] = field(default_factory=dict)
     var_types: Mapping[str, Any] = field(default_factory=dict, compare=False)
     block_function: tuple[str, ...] = ()
+    stack_conflicts: frozenset = frozenset()  # stacked variables that may not share a stack
+    stack_of: Mapping[str, str] = field(default_factory=dict)  # stacked variable -> its (shared) stack
     lanes: int | None = None  # set once the machine's size is known
     stack_depth: int | None = None
 

@@ -106,14 +106,16 @@ def format_stack_program(prog: StackProgram) -> str:
             shown = ", ".join(_Names(None, types)(v, typed=cls != TEMPORARY) for v in vs)
             out.append(f"  {cls}: {shown}")
     if prog.lanes is not None and prog.stack_depth is not None:
-        stacks = [v for v in prog.vars_of_class(STACKED)]
         out.append(f"  machine: {prog.lanes} lanes; pc stack i32[{prog.stack_depth},{prog.lanes}]"
                    if prog.has_calls else f"  machine: {prog.lanes} lanes; no pc stack")
-        for v in stacks:
-            leaves = jax.tree_util.tree_leaves(types.get(v))
+        shared: dict[str, list[str]] = {}
+        for v in prog.vars_of_class(STACKED):
+            shared.setdefault(prog.stack_of.get(v, v), []).append(v)
+        for name, members in sorted(shared.items()):
+            leaves = jax.tree_util.tree_leaves(types.get(members[0]))
             shapes = ", ".join(format_type(jax.ShapeDtypeStruct((prog.stack_depth, prog.lanes) + l.shape, l.dtype))
                                for l in leaves)
-            out.append(f"    stack of {v}: {shapes}")
+            out.append(f"    stack {name} ({', '.join(members)}): {shapes}")
     if prog.prelude:
         out.append("  prelude (once, before the loop):")
         out += [f"    {_format_op(op, _Names(None, types))}" for op in prog.prelude]

@@ -72,10 +72,11 @@ def verify_stack_program(prog: StackProgram) -> None:
                 stacked.add(op.var)
                 # The machine gathers each stack's top once per step and scatters
                 # once: at most one read, then at most one write, per block.
+                stack = prog.stack_of.get(op.var, op.var)
                 kind = reads if isinstance(op, (Pop, Peek)) else writes
-                kind[op.var] = kind.get(op.var, 0) + 1
-                _check(kind[op.var] == 1 and not (kind is reads and op.var in writes),
-                       f"b{i}: {op.var} needs more than one stack read then one write")
+                kind[stack] = kind.get(stack, 0) + 1
+                _check(kind[stack] == 1 and not (kind is reads and stack in writes),
+                       f"b{i}: stack {stack} needs more than one read then one write")
         if isinstance(b.term, Return):
             _check(b.term.value is None, "stack-program Return carries a value")
     if prog.var_class:

@@ -5,13 +5,13 @@ from dataclasses import replace
 from typing import Any
 
 from pcbatch.ir.cfg import reachable, renumber
-from pcbatch.ir.core import CONSTANT, Prim, Program, StackProgram
+from pcbatch.ir.core import CONSTANT, STACKED, Prim, Program, StackProgram
 from pcbatch.ir.verify import verify_stack_program
 from pcbatch.lower.calls import merge_functions, ret_var
 from pcbatch.lower.constants import find_constants, qualify
 from pcbatch.lower.liveness import block_successors, classify, exit_live, liveness
-from pcbatch.lower.stacks import eliminate_pop_push, insert_saves
-from pcbatch.lower.types import infer_types
+from pcbatch.lower.stacks import eliminate_pop_push, insert_saves, share_stacks, stack_conflicts
+from pcbatch.lower.types import infer_types, type_key
 
 
 def _order_prelude(prelude: list[Prim], consts: dict[str, str], inputs: set[str]) -> tuple[Prim, ...]:
@@ -58,11 +58,18 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
                        keep={result} | {p for p in entry_params if p not in consts})
     prelude = _order_prelude(m.prelude, consts, inputs)
     classes.update({v: CONSTANT for v in consts})
-    prog = StackProgram(blocks, entry_block, entry_params, result, prelude, classes, {}, block_function)
+    prog = StackProgram(blocks, entry_block, entry_params, result, prelude, classes, {}, block_function,
+                        stack_conflicts(blocks))
     verify_stack_program(prog)
     return prog
 
 
 def specialize(prog: StackProgram, input_types: dict[str, Any]) -> StackProgram:
-    """The same program with every variable's per-example type inferred."""
-    return replace(prog, var_types=infer_types(prog, input_types))
+    """The same program with every variable's per-example type inferred, and
+    stacked variables of one type that are never saved at once sharing a stack."""
+    types = infer_types(prog, input_types)
+    stacked = list(prog.vars_of_class(STACKED))
+    stack_of = share_stacks(stacked, prog.stack_conflicts, {v: type_key(types[v]) for v in stacked})
+    prog = replace(prog, var_types=types, stack_of=stack_of)
+    verify_stack_program(prog)
+    return prog

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from pcbatch.ir.core import Block, Peek, Pop, Prim, Push, PushJump, Update, op_reads, op_writes
+from pcbatch.ir.core import Block, Peek, Pop, Prim, Push, PushJump, Update, op_reads, op_writes, successors
 from pcbatch.lower.calls import ret_var
 
 
@@ -86,3 +86,49 @@ def eliminate_pop_push(block: Block) -> Block:
         ops[nxt] = Update(v) if written else None
         ops[i] = Peek(v) if read_first else None
     return replace(block, ops=tuple(op for op in ops if op is not None))
+
+
+def stack_conflicts(blocks: tuple[Block, ...]) -> frozenset[frozenset[str]]:
+    """Pairs of variables that are on their stacks at the same time in one frame.
+
+    A frame's pushes are balanced before it returns, and a callee only touches
+    its own frames, so the analysis follows a call to its continuation (not
+    into the callee). Variables of different functions never conflict."""
+    preds_out: dict[int, set[str]] = {}
+    on_entry: list[set[str]] = [set() for _ in blocks]
+    conflicts: set[frozenset[str]] = set()
+    changed = True
+    while changed:
+        changed = False
+        for i, b in enumerate(blocks):
+            live = set(on_entry[i])
+            for op in b.ops:
+                if isinstance(op, Push):
+                    live.add(op.var)
+                elif isinstance(op, Pop):
+                    live.discard(op.var)
+                conflicts.update(frozenset((u, v)) for u in live for v in live if u < v)
+            preds_out[i] = live
+            succ = (b.term.ret,) if isinstance(b.term, PushJump) else successors(b.term)
+            for s in succ:
+                if not live <= on_entry[s]:
+                    on_entry[s] |= live
+                    changed = True
+    return frozenset(conflicts)
+
+
+def share_stacks(stacked: list[str], conflicts: frozenset[frozenset[str]], kind: dict[str, object]) -> dict[str, str]:
+    """Greedy colouring: each variable joins the first stack of its kind (same
+    type) holding no variable it conflicts with."""
+    stacks: list[tuple[object, list[str]]] = []
+    out = {}
+    for v in sorted(stacked):
+        for k, (stack_kind, members) in enumerate(stacks):
+            if stack_kind == kind[v] and not any(frozenset((u, v)) in conflicts for u in members):
+                members.append(v)
+                out[v] = f"s{k}"
+                break
+        else:
+            stacks.append((kind[v], [v]))
+            out[v] = f"s{len(stacks) - 1}"
+    return out

@@ -19,7 +19,8 @@ from pcbatch.ir.core import Branch, Prim, StackProgram
 from pcbatch.ir.printer import format_type
 
 
-def _key(t: Any) -> tuple:
+def type_key(t: Any) -> tuple:
+    """A hashable identity of a pytree of types."""
     leaves, treedef = jax.tree_util.tree_flatten(t)
     return treedef, tuple((l.shape, l.dtype, getattr(l, "weak_type", False)) for l in leaves)
 
@@ -63,7 +64,7 @@ def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, An
             types[var], origin[var] = t, loc
             return True
         joined = join(var, types[var], origin[var], t, loc)
-        if _key(joined) != _key(types[var]):
+        if type_key(joined) != type_key(types[var]):
             types[var] = joined
             return True
         return False
@@ -75,7 +76,7 @@ def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, An
             if not all(v in types for v in op.ins):
                 continue
             in_types = [types[v] for v in op.ins]
-            key = (id(op), tuple(_key(t) for t in in_types))
+            key = (id(op), tuple(type_key(t) for t in in_types))
             if key not in cache:
                 cache[key] = abstract_eval(op, in_types)
             for var, t in zip(op.outs, cache[key]):

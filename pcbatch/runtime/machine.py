@@ -97,7 +97,11 @@ class Machine:
         self.halt = prog.num_blocks
         self.lane_ids = jnp.arange(num_lanes)
         self.stored = [v for v, c in prog.var_class.items() if c in (REGISTER, STACKED)]
-        self.stacked = [v for v, c in prog.var_class.items() if c == STACKED]
+        # Stacked variables that are never saved at once share a stack (and its pointer).
+        self.stack_of = {v: prog.stack_of.get(v, v) for v, c in prog.var_class.items() if c == STACKED}
+        self.stacks = {}
+        for v, s in sorted(self.stack_of.items()):
+            self.stacks.setdefault(s, prog.var_types[v])
 
     # --- state -----------------------------------------------------------
 
@@ -110,8 +114,8 @@ class Machine:
         state = {
             "pc": jnp.full((L,), self.prog.entry_block, jnp.int32),
             "regs": regs,
-            "stacks": {v: _zeros(types[v], (D, L)) for v in self.stacked},
-            "sps": {v: jnp.zeros((L,), jnp.int32) for v in self.stacked},
+            "stacks": {s: _zeros(t, (D, L)) for s, t in self.stacks.items()},
+            "sps": {s: jnp.zeros((L,), jnp.int32) for s in self.stacks},
             "depth": jnp.zeros((L,), jnp.int32),
             "overflow": jnp.zeros((L,), bool),
             "steps": jnp.zeros((), jnp.int32),
@@ -139,7 +143,7 @@ class Machine:
             lane_state = dict(lane_state)
             regs, sps = dict(lane_state["regs"]), dict(lane_state["sps"])
             active = lane_state["pc"] == b
-            writes = {v: (jnp.full((L,), D, jnp.int32), tops[v]) for v in self.stacked}
+            writes = {s: (jnp.full((L,), D, jnp.int32), tops[s]) for s in self.stacks}
             env: dict[str, Any] = {}
 
             def read(v: str) -> tuple[Any, bool]:
@@ -159,14 +163,17 @@ class Machine:
                     for v, x in zip(op.outs, outs):
                         env[v] = _cast(x, types[v], None if any(batched) else L)
                 elif isinstance(op, Push):
-                    writes[op.var] = (jnp.where(active, sps[op.var], D), read(op.var)[0])
-                    sps[op.var] = sps[op.var] + active
+                    s = self.stack_of[op.var]
+                    writes[s] = (jnp.where(active, sps[s], D), read(op.var)[0])
+                    sps[s] = sps[s] + active
                 elif isinstance(op, Update):
-                    writes[op.var] = (jnp.where(active, sps[op.var] - 1, D), read(op.var)[0])
+                    s = self.stack_of[op.var]
+                    writes[s] = (jnp.where(active, sps[s] - 1, D), read(op.var)[0])
                 elif isinstance(op, (Pop, Peek)):
-                    env[op.var] = tops[op.var]
+                    s = self.stack_of[op.var]
+                    env[op.var] = tops[s]
                     if isinstance(op, Pop):
-                        sps[op.var] = sps[op.var] - active
+                        sps[s] = sps[s] - active
             for v, x in env.items():
                 if prog.var_class[v] in (REGISTER, STACKED):
                     regs[v] = _select(active, x, regs[v])

@@ -107,6 +107,15 @@ def test_pop_push_elimination():
     np.testing.assert_array_equal(three_calls(n), three_calls.reference(n))
 
 
+def test_variables_never_saved_together_share_a_stack():
+    # fib saves n around the first call and left around the second: one stack.
+    prog = fib.lowered(jnp.arange(4))
+    assert prog.stack_of["fib.n"] == prog.stack_of["fib.left"]
+    # three_calls keeps k saved while n is saved and restored: separate stacks.
+    prog = three_calls.lowered(jnp.arange(4))
+    assert prog.stack_of["three_calls.k"] != prog.stack_of["three_calls.n"]
+
+
 def test_update_when_reassigned_between_calls():
     prog = reassigned.lowered(jnp.arange(3), jnp.arange(3))
     assert sorted(stack_ops(prog, "reassigned.acc")) == ["Peek", "Pop", "Push", "Update"]
@@ -130,8 +139,7 @@ stack program: 5 blocks, entry b0, result fib.<ret>
   register: fib.<ret>:i32[]
   temporary: fib._t1, fib._t2, fib._t3, fib._t4, fib.right
   machine: 4 lanes; pc stack i32[64,4]
-    stack of fib.left: i32[64,4]
-    stack of fib.n: i32[64,4]
+    stack s0 (fib.left, fib.n): i32[64,4]
   b0 (fib.entry):
     _t1:bool[] = n <= 1
     branch _t1 ? b1 : b2

@@ -1,0 +1,5 @@
+"""MCMC samplers written for one chain and autobatched across chains."""
+from pcbatch.mcmc import nuts
+from pcbatch.mcmc.nuts import NUTSInfo, NUTSOutput, sample
+
+__all__ = ["NUTSInfo", "NUTSOutput", "nuts", "sample"]
