@@ -26,7 +26,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.vm_overhead
 
 notebooks: $(STAMP)
-	$(BIN)/python -m pip install -q jupyterlab
+	$(BIN)/python -m pip install -q -e ".[jupyter]"
 	$(BIN)/python -m jupyter lab notebooks/
 
 clean:

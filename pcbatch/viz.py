@@ -148,7 +148,7 @@ def schedule_gantt(
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
                   title="block", frameon=False)
     ax.set_yticks(range(rows), [f"b{b}" for b in range(rows)])
-    ax.set_ylim(rows - 0.5, -0.5)  # block 0 on top
+    ax.set_ylim(max(rows, 1) - 0.5, -0.5)  # block 0 on top
     ax.set_xlim(0, max(schedule.steps, 1))
     ax.set_xlabel("VM step")
     ax.set_ylabel("block")
