@@ -183,6 +183,7 @@ class StackProgram:
     var_types: Mapping[str, Any] = field(default_factory=dict, compare=False)
     block_function: tuple[str, ...] = ()
     stack_conflicts: frozenset = frozenset()  # stacked variables that may not share a stack
+    crossing: frozenset = frozenset()  # variables whose value crosses a block boundary (need a lane slot)
     stack_of: Mapping[str, str] = field(default_factory=dict)  # stacked variable -> its (shared) stack
     lanes: int | None = None  # set once the machine's size is known
     stack_depth: int | None = None

@@ -54,12 +54,14 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     entry_params = params_of[program.entry]
     result = ret_var(entry_fn.name)
     inputs = {p for p, shared in zip(entry_params, shared_inputs) if shared}
-    classes = classify(blocks, liveness(blocks, succ, at_exit), set(consts),
-                       keep={result} | {p for p in entry_params if p not in consts})
+    live_in = liveness(blocks, succ, at_exit)
+    keep = {result} | {p for p in entry_params if p not in consts}
+    classes = classify(blocks, live_in, set(consts), keep)
+    crossing = frozenset(set().union(*live_in) | keep) - set(consts)
     prelude = _order_prelude(m.prelude, consts, inputs)
     classes.update({v: CONSTANT for v in consts})
     prog = StackProgram(blocks, entry_block, entry_params, result, prelude, classes, {}, block_function,
-                        stack_conflicts(blocks))
+                        stack_conflicts(blocks), crossing=crossing)
     verify_stack_program(prog)
     return prog
 

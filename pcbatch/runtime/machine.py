@@ -95,8 +95,11 @@ class Machine:
         self.max_steps = config.max_steps
         self.scheduler = config.scheduler
         self.halt = prog.num_blocks
+        self.overflowed = prog.num_blocks + 1  # a halted lane whose recursion overflowed
         self.lane_ids = jnp.arange(num_lanes)
-        self.stored = [v for v, c in prog.var_class.items() if c in (REGISTER, STACKED)]
+        # A lane slot for every value that crosses a block boundary; a stacked
+        # variable that is only ever restored and used within one block needs none.
+        self.stored = [v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing]
         # Stacked variables that are never saved at once share a stack (and its pointer).
         self.stack_of = {v: prog.stack_of.get(v, v) for v, c in prog.var_class.items() if c == STACKED}
         self.stacks = {}
@@ -117,7 +120,6 @@ class Machine:
             "stacks": {s: _zeros(t, (D, L)) for s, t in self.stacks.items()},
             "sps": {s: jnp.zeros((L,), jnp.int32) for s in self.stacks},
             "depth": jnp.zeros((L,), jnp.int32),
-            "overflow": jnp.zeros((L,), bool),
             "steps": jnp.zeros((), jnp.int32),
             "sched": self.scheduler.init(self.prog.num_blocks, L),
         }
@@ -175,7 +177,7 @@ class Machine:
                     if isinstance(op, Pop):
                         sps[s] = sps[s] - active
             for v, x in env.items():
-                if prog.var_class[v] in (REGISTER, STACKED):
+                if v in regs:
                     regs[v] = _select(active, x, regs[v])
 
             pc, term = lane_state["pc"], block.term
@@ -187,12 +189,11 @@ class Machine:
                 pc = jnp.where(active, jnp.where(cond, term.true, term.false), pc)
             elif isinstance(term, PushJump):
                 sp = lane_state["pc_sp"]
-                overflow = active & (sp >= D)
+                overflow = active & (sp >= D)  # the lane halts at OVERFLOWED
                 ok = active & ~overflow
                 writes[PC] = (jnp.where(ok, sp, D), jnp.full((L,), term.ret, jnp.int32))
                 lane_state["pc_sp"] = sp + ok
-                lane_state["overflow"] = lane_state["overflow"] | overflow
-                pc = jnp.where(ok, term.target, jnp.where(overflow, self.halt, pc))
+                pc = jnp.where(ok, term.target, jnp.where(overflow, self.overflowed, pc))
             elif isinstance(term, Return):
                 if prog.has_calls:
                     pc = jnp.where(active, tops[PC], pc)
@@ -211,15 +212,15 @@ class Machine:
     def run(self, consts: dict[str, Any], batched_inputs: dict[str, Any]) -> tuple[Any, Status]:
         branches = [self.block_fn(b, consts) for b in range(self.prog.num_blocks)]
         halt, max_steps, lanes = self.halt, self.max_steps, self.lane_ids
-        in_switch = ("pc", "regs", "sps", "pc_sp", "overflow")
+        in_switch = ("pc", "regs", "sps", "pc_sp")
 
         def cond(state):
             running = jnp.any(state["pc"] < halt)
             return running if max_steps is None else running & (state["steps"] < max_steps)
 
         def body(state):
-            pc = state["pc"]
-            counts = jnp.zeros((halt + 1,), jnp.int32).at[pc].add(1)[:halt]
+            pc = jnp.minimum(state["pc"], halt)  # every halted lane looks alike to schedulers
+            counts = jnp.zeros((halt,), jnp.int32).at[pc].add(1, mode="drop")
             block, sched = self.scheduler.choose(state["sched"], Frontier(pc, counts, state["depth"]))
             stacks = dict(state["stacks"])
             sps = dict(state["sps"])
@@ -239,7 +240,8 @@ class Machine:
 
         final = lax.while_loop(cond, body, self.init(batched_inputs))
         result = final["regs"][self.prog.result]
-        status = Status(final["overflow"], final["pc"] < halt, final["pc"], final["steps"], final["depth"])
+        pc = final["pc"]
+        status = Status(pc == self.overflowed, pc < halt, pc, final["steps"], final["depth"])
         return result, status
 
 
