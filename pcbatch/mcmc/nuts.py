@@ -37,7 +37,7 @@ import numpy as np
 
 import pcbatch
 
-__all__ = ["NUTSInfo", "NUTSOutput", "sample", "sampler"]
+__all__ = ["GradientLast", "NUTSInfo", "NUTSOutput", "sample", "sampler"]
 
 
 class NUTSInfo(NamedTuple):
@@ -99,9 +99,13 @@ def _kinetic(p, inv_mass):
     return 0.5 * jnp.sum(inv_mass * p * p)
 
 
-def _no_uturn(ps_minus, ps_plus, rho):
-    """The generalized criterion: both ends still move along the summed momentum."""
-    return (jnp.dot(ps_plus, rho) > 0) & (jnp.dot(ps_minus, rho) > 0)
+def _no_uturn(p_minus, p_plus, rho, inv_mass, criterion):
+    """The generalized criterion: both ends' velocities still point along the
+    summed momentum `rho` of the (sub)trajectory between them. NumPyro and
+    BlackJAX count the two end points with weight 1/2 in `rho`."""
+    if criterion == "numpyro":
+        rho = rho - 0.5 * (p_minus + p_plus)
+    return (jnp.dot(inv_mass * p_plus, rho) > 0) & (jnp.dot(inv_mass * p_minus, rho) > 0)
 
 
 def _uniform_below(key, log_ratio):
@@ -127,19 +131,17 @@ def _leaf(logdensity_fn, steps, x, p, g, direction, step_size, inv_mass, H0, max
                 n_leaves=jnp.int32(1), sum_metro=jnp.minimum(1.0, jnp.exp(delta)).astype(x.dtype))
 
 
-def _merge_subtrees(init, final, key, inv_mass, extra_checks):
+def _merge_subtrees(init, final, key, inv_mass, criterion):
     """Join two adjacent subtrees (same direction): uniform multinomial choice
     of the proposal, and the no-U-turn checks on the joined subtree (with
-    `extra_checks`, also Stan's two across the seam)."""
+    Stan's criterion, also the two across the seam)."""
     log_weight = jnp.logaddexp(init.log_weight, final.log_weight)
     take_final = _uniform_below(key, final.log_weight - log_weight)
     rho = init.rho + final.rho
-    ps_beg = inv_mass * init.p_beg
-    ps_end = inv_mass * final.p
-    persist = _no_uturn(ps_beg, ps_end, rho)
-    if extra_checks:
-        persist = (persist & _no_uturn(ps_beg, inv_mass * final.p_beg, init.rho + final.p_beg)
-                   & _no_uturn(inv_mass * init.p, ps_end, final.rho + init.p))
+    persist = _no_uturn(init.p_beg, final.p, rho, inv_mass, criterion)
+    if criterion == "stan":
+        persist = (persist & _no_uturn(init.p_beg, final.p_beg, init.rho + final.p_beg, inv_mass, criterion)
+                   & _no_uturn(init.p, final.p, final.rho + init.p, inv_mass, criterion))
     return Tree(x=final.x, p=final.p, g=final.g, logp=final.logp, p_beg=init.p_beg,
                 prop_x=jnp.where(take_final, final.prop_x, init.prop_x),
                 prop_logp=jnp.where(take_final, final.prop_logp, init.prop_logp),
@@ -160,9 +162,9 @@ def _edge(traj, forward):
             jnp.where(forward, traj.gr, traj.gl), jnp.where(forward, traj.logpr, traj.logpl))
 
 
-def _extend(traj, sub, forward, key, inv_mass, extra_checks):
+def _extend(traj, sub, forward, key, inv_mass, criterion):
     """Merge a valid new subtree into the trajectory: biased progressive
-    sampling of the proposal, then the no-U-turn checks (Stan's three).
+    sampling of the proposal, then the no-U-turn checks (Stan's: three).
     Returns the new trajectory and whether it keeps going."""
     take_new = _uniform_below(key, sub.log_weight - traj.log_weight)
     # bck / fwd: the earlier and the later part in time order.
@@ -173,11 +175,11 @@ def _extend(traj, sub, forward, key, inv_mass, extra_checks):
     rho_bck = jnp.where(forward, traj.rho, sub.rho)
     rho_fwd = jnp.where(forward, sub.rho, traj.rho)
     rho = rho_bck + rho_fwd
-    persist = _no_uturn(inv_mass * bck_left_p, inv_mass * fwd_right_p, rho)
-    if extra_checks:
+    persist = _no_uturn(bck_left_p, fwd_right_p, rho, inv_mass, criterion)
+    if criterion == "stan":
         persist = (persist
-                   & _no_uturn(inv_mass * bck_left_p, inv_mass * fwd_left_p, rho_bck + fwd_left_p)
-                   & _no_uturn(inv_mass * bck_right_p, inv_mass * fwd_right_p, rho_fwd + bck_right_p))
+                   & _no_uturn(bck_left_p, fwd_left_p, rho_bck + fwd_left_p, inv_mass, criterion)
+                   & _no_uturn(bck_right_p, fwd_right_p, rho_fwd + bck_right_p, inv_mass, criterion))
     new = Trajectory(
         xl=jnp.where(forward, traj.xl, sub.x), pl=jnp.where(forward, traj.pl, sub.p),
         gl=jnp.where(forward, traj.gl, sub.g), logpl=jnp.where(forward, traj.logpl, sub.logp),
@@ -196,7 +198,7 @@ def _extend(traj, sub, forward, key, inv_mass, extra_checks):
 
 def _make_program(logdensity_fn: Callable, num_samples: int, max_tree_depth: int,
                   leapfrogs_per_leaf: int, max_delta_energy: float,
-                  extra_uturn_checks: bool) -> Callable:
+                  uturn_criterion: str) -> Callable:
     """`run_chains(x, key, step_size, inv_mass)` for one chain, autobatched;
     the batch axis of `step_size` / `inv_mass` is chosen per call (`sampler`)."""
 
@@ -211,7 +213,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, max_tree_depth: int
             return init
         final = build_tree(depth - 1, init.x, init.p, init.g, init.logp, direction, H0, k_final,
                            step_size, inv_mass)
-        return _merge_subtrees(init, final, k_choice, inv_mass, extra_uturn_checks)
+        return _merge_subtrees(init, final, k_choice, inv_mass, uturn_criterion)
 
     def run_chains(x, key, step_size, inv_mass):
         logp, g = jax.value_and_grad(logdensity_fn)(x)
@@ -246,7 +248,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, max_tree_depth: int
                     turning = ~sub.divergent
                     break
                 depth += 1
-                traj, persist = _extend(traj, sub, forward, k_accept, inv_mass, extra_uturn_checks)
+                traj, persist = _extend(traj, sub, forward, k_accept, inv_mass, uturn_criterion)
                 if not persist:
                     turning = True
                     break
@@ -264,29 +266,76 @@ def _make_program(logdensity_fn: Callable, num_samples: int, max_tree_depth: int
     return run_chains
 
 
+class GradientLast:
+    """A pcbatch scheduler for NUTS: run the earliest ready block, except the
+    leaf block (the gradient evaluations), which runs only when no lane is
+    ready anywhere else. Every lane can always reach its next leaf without
+    running a leaf, so each leaf step evaluates the gradient for every chain
+    that has not finished all its transitions: the batch synchronizes on
+    gradients only, across trajectory and transition boundaries."""
+
+    name = "gradient_last"
+
+    def __init__(self, leaf: int):
+        self.leaf = int(leaf)
+
+    def init(self, num_blocks: int, num_lanes: int) -> Any:
+        return ()
+
+    def choose(self, carry: Any, frontier: Any) -> tuple[jax.Array, Any]:
+        num_blocks = frontier.counts.shape[0]
+        other = jnp.min(jnp.where(frontier.pc == self.leaf, num_blocks, frontier.pc))
+        return jnp.where(other < num_blocks, other, self.leaf), carry
+
+    def __repr__(self) -> str:
+        return f"GradientLast(leaf=b{self.leaf})"
+
+
+def leaf_block(prog: Any) -> int:
+    """Index of the leaf block (the one calling `_leaf`) in a lowered program."""
+    import inspect
+    src, start = inspect.getsourcelines(_make_program)
+    line = start + next(i for i, text in enumerate(src) if "return _leaf(" in text)
+    found = [i for i, b in enumerate(prog.blocks) if b.loc is not None and b.loc.lineno == line]
+    if len(found) != 1:
+        raise RuntimeError(f"pcbatch.mcmc.nuts: cannot find the leaf block (line {line}): {found}")
+    return found[0]
+
+
 @functools.lru_cache(maxsize=64)
 def _cached(logdensity_fn, num_samples, max_tree_depth, leapfrogs_per_leaf, max_delta_energy,
-            extra_uturn_checks, step_axis, mass_axis):
+            uturn_criterion, step_axis, mass_axis, schedule):
     run_chains = _make_program(logdensity_fn, num_samples, max_tree_depth, leapfrogs_per_leaf,
-                               max_delta_energy, extra_uturn_checks)
+                               max_delta_energy, uturn_criterion)
     # Frames: run_chains, then build_tree at depths max_tree_depth-1 .. 0.
-    return pcbatch.autobatch(run_chains, in_axes=(0, 0, step_axis, mass_axis),
-                             max_stack_depth=max_tree_depth + 2)
+    in_axes = (0, 0, step_axis, mass_axis)
+    prog = pcbatch.autobatch(run_chains, in_axes=in_axes, max_stack_depth=max_tree_depth + 2)
+    if schedule == "gradient_last":
+        # Block numbers come from lowering alone (types do not renumber them).
+        from pcbatch.lower import lower
+        leaf = leaf_block(lower(prog.ir(), tuple(a is None for a in in_axes)))
+        prog = prog.with_schedule(GradientLast(leaf))
+    elif schedule != "earliest":
+        prog = prog.with_schedule(schedule)
+    return prog
 
 
 def sampler(logdensity_fn: Callable, *, num_samples: int, max_tree_depth: int = 10,
             leapfrogs_per_leaf: int = 1, max_delta_energy: float = 1000.0,
-            extra_uturn_checks: bool = True, per_chain_step_size: bool = False, per_chain_mass: bool = False) -> pcbatch.Autobatched:
+            uturn_criterion: str = "stan", per_chain_step_size: bool = False,
+            per_chain_mass: bool = False, schedule: Any = "gradient_last") -> pcbatch.Autobatched:
     """The autobatched program `run_chains(positions, keys, step_size, inverse_mass_matrix)`.
 
     Batched over chains (axis 0 of positions and keys; of step_size and the
     inverse mass matrix too when `per_chain_*`). Cached per arguments, so
     calling `sample` twice with the same `logdensity_fn` compiles once."""
+    if uturn_criterion not in ("stan", "numpyro"):
+        raise ValueError(f"uturn_criterion must be 'stan' or 'numpyro', got {uturn_criterion!r}")
     if num_samples < 1 or max_tree_depth < 1 or leapfrogs_per_leaf < 1:
         raise ValueError("num_samples, max_tree_depth and leapfrogs_per_leaf must be at least 1")
     return _cached(logdensity_fn, int(num_samples), int(max_tree_depth), int(leapfrogs_per_leaf),
-                   float(max_delta_energy), bool(extra_uturn_checks), 0 if per_chain_step_size else None,
-                   0 if per_chain_mass else None)
+                   float(max_delta_energy), uturn_criterion, 0 if per_chain_step_size else None,
+                   0 if per_chain_mass else None, schedule)
 
 
 def _raw_keys(keys: Any) -> jax.Array:
@@ -322,7 +371,7 @@ def prepare(initial_positions, keys, step_size, inverse_mass_matrix):
 def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_size: Any,
            inverse_mass_matrix: Any = None, num_samples: int, max_tree_depth: int = 10,
            leapfrogs_per_leaf: int = 1, max_delta_energy: float = 1000.0,
-           extra_uturn_checks: bool = True) -> NUTSOutput:
+           uturn_criterion: str = "stan", schedule: Any = "gradient_last") -> NUTSOutput:
     """Run `num_samples` NUTS transitions on each chain, all chains in ONE
     autobatched program.
 
@@ -338,9 +387,13 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
       max_tree_depth: at most `2**max_tree_depth` leaves per trajectory.
       leapfrogs_per_leaf: leapfrog steps per tree leaf (Radul et al. use 4).
       max_delta_energy: an energy error above this is a divergence (Stan: 1000).
-      extra_uturn_checks: Stan's two extra no-U-turn checks across the seam of
-        every merge (default). False gives BlackJAX's / NumPyro's criterion
-        (only the merged tree's two ends), for like-for-like comparisons.
+      uturn_criterion: "stan" (default): the generalized criterion on every
+        merged (sub)tree plus Stan's two extra checks across the seam of the
+        merge. "numpyro": NumPyro's and BlackJAX's (one check per merge, the
+        end points' momenta counted half), for like-for-like comparisons.
+      schedule: "gradient_last" (default, `GradientLast`: gradient steps wait
+        until every running chain is at one), "earliest" (pcbatch's default),
+        or any pcbatch scheduler object. Results do not depend on it.
 
     Returns:
       `NUTSOutput(position [chains, num_samples, dim], logdensity [chains, num_samples],
@@ -350,5 +403,6 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
     args, per_step, per_mass = prepare(initial_positions, keys, step_size, inverse_mass_matrix)
     prog = sampler(logdensity_fn, num_samples=num_samples, max_tree_depth=max_tree_depth,
                    leapfrogs_per_leaf=leapfrogs_per_leaf, max_delta_energy=max_delta_energy,
-                   extra_uturn_checks=extra_uturn_checks, per_chain_step_size=per_step, per_chain_mass=per_mass)
+                   uturn_criterion=uturn_criterion, per_chain_step_size=per_step,
+                   per_chain_mass=per_mass, schedule=schedule)
     return prog(*args)
