@@ -1,6 +1,8 @@
 """Liveness over the merged program, and the variable classes it implies."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pcbatch.ir.core import (
     CONSTANT,
     REGISTER,
@@ -8,6 +10,7 @@ from pcbatch.ir.core import (
     STACKED,
     TEMPORARY,
     Block,
+    Jump,
     PushJump,
     Return,
     op_reads,
@@ -40,18 +43,34 @@ def use_def(block: Block) -> tuple[set[str], set[str]]:
 
 
 def liveness(blocks: tuple[Block, ...], succ: list[tuple[int, ...]],
-             at_exit: dict[int, set[str]]) -> list[set[str]]:
+             at_exit: dict[int, set[str]], saves: dict[int, tuple[set[str], int]] | None = None) -> list[set[str]]:
     """live_in for every block. Caller-saves stacks make this per-frame view
     sound: whatever a caller needs after a call that the callee may
-    overwrite, the caller pushes."""
+    overwrite, the caller pushes.
+
+    `saves[i] = (clobbered, n)` for a call block i whose last `n` ops assign
+    the callee's parameters: the variables live after the call that the
+    callee may clobber are pushed (read) just before those ops, so that
+    assignment does not end their life in the caller (recursion shares names)."""
+    saves = saves or {}
     ud = [use_def(b) for b in blocks]
+    head = {i: use_def(replace(blocks[i], ops=blocks[i].ops[:len(blocks[i].ops) - n], term=Jump(0)))
+            for i, (_, n) in saves.items()}
+    tail = {i: use_def(replace(blocks[i], ops=blocks[i].ops[len(blocks[i].ops) - n:]))
+            for i, (_, n) in saves.items()}
     live_in: list[set[str]] = [set(u) for u, _ in ud]
     changed = True
     while changed:
         changed = False
         for i in reversed(range(len(blocks))):
             out = set(at_exit.get(i, ())).union(*(live_in[s] for s in succ[i]))
-            new = ud[i][0] | (out - ud[i][1])
+            if i in saves:
+                pushed = live_in[blocks[i].term.ret] & saves[i][0]
+                (u1, d1), (u2, d2) = head[i], tail[i]
+                after_head = (out - d2) | u2 | pushed
+                new = u1 | (after_head - d1)
+            else:
+                new = ud[i][0] | (out - ud[i][1])
             if new != live_in[i]:
                 live_in[i] = new
                 changed = True

@@ -10,7 +10,7 @@ from pcbatch.ir.verify import verify_stack_program
 from pcbatch.lower.calls import merge_functions, ret_var
 from pcbatch.lower.constants import find_constants, qualify
 from pcbatch.lower.liveness import block_successors, classify, exit_live, liveness
-from pcbatch.lower.stacks import eliminate_pop_push, insert_saves, share_stacks, stack_conflicts
+from pcbatch.lower.stacks import call_sites, eliminate_pop_push, insert_saves, share_stacks, stack_conflicts
 from pcbatch.lower.types import infer_types, type_key
 
 
@@ -48,7 +48,8 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     succ = block_successors(blocks)
     at_exit = exit_live(blocks, block_function, ret_var)
     params_of = {f.name: tuple(qualify(f.name, p) for p in f.params) for f in program.functions}
-    blocks = insert_saves(blocks, block_function, liveness(blocks, succ, at_exit), params_of)
+    sites = call_sites(blocks, block_function, params_of)
+    blocks = insert_saves(blocks, block_function, liveness(blocks, succ, at_exit, sites), params_of)
     blocks = tuple(eliminate_pop_push(b) for b in blocks)
 
     entry_params = params_of[program.entry]

@@ -36,29 +36,35 @@ def clobbers(blocks: tuple[Block, ...], block_function: tuple[str, ...]) -> dict
     return out
 
 
-def insert_saves(blocks: tuple[Block, ...], block_function: tuple[str, ...], live_in: list[set[str]],
-                 params_of: dict[str, tuple[str, ...]]) -> tuple[Block, ...]:
+def call_sites(blocks: tuple[Block, ...], block_function: tuple[str, ...],
+               params_of: dict[str, tuple[str, ...]]) -> dict[int, tuple[set[str], int]]:
+    """For each call block: what the callee may clobber (its return value
+    aside), and how many trailing ops assign the callee's parameters."""
     clob = clobbers(blocks, block_function)
-    saves: dict[int, list[str]] = {}
+    out = {}
     for i, b in enumerate(blocks):
         if isinstance(b.term, PushJump):
             callee = block_function[b.term.target]
-            saves[i] = sorted((live_in[b.term.ret] & clob[callee]) - {ret_var(callee)})
+            ops = b.ops
+            copy = bool(ops) and isinstance(ops[-1], Prim) and set(ops[-1].outs) <= set(params_of[callee])
+            out[i] = (clob[callee] - {ret_var(callee)}, int(copy))
+    return out
+
+
+def insert_saves(blocks: tuple[Block, ...], block_function: tuple[str, ...], live_in: list[set[str]],
+                 params_of: dict[str, tuple[str, ...]]) -> tuple[Block, ...]:
     out = list(blocks)
-    for i, save in saves.items():
+    for i, (clobbered, copies) in call_sites(blocks, block_function, params_of).items():
+        save = sorted(live_in[blocks[i].term.ret] & clobbered)
         if not save:
             continue
-        b = out[i]
-        callee = block_function[b.term.target]
-        ops = list(b.ops)
         # Push before the parameter copy: the caller's value of a callee
         # parameter (recursion) is the one to keep.
-        at = len(ops)
-        if ops and isinstance(ops[-1], Prim) and set(ops[-1].outs) <= set(params_of[callee]):
-            at -= 1
+        ops = list(out[i].ops)
+        at = len(ops) - copies
         ops[at:at] = [Push(v) for v in save]
-        out[i] = replace(b, ops=tuple(ops))
-        r = b.term.ret
+        out[i] = replace(out[i], ops=tuple(ops))
+        r = blocks[i].term.ret
         out[r] = replace(out[r], ops=tuple(Pop(v) for v in save) + out[r].ops)
     return tuple(out)
 

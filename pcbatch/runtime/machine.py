@@ -139,13 +139,21 @@ class Machine:
 
     def block_fn(self, b: int, consts: dict[str, Any]):
         prog, block, types = self.prog, self.prog.blocks[b], self.prog.var_types
-        L, D = self.lanes, self.depth
+        L, D, lane_ids = self.lanes, self.depth, self.lane_ids
 
-        def run(lane_state: dict[str, Any], tops: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        def run(lane_state: dict[str, Any], stacks: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             lane_state = dict(lane_state)
             regs, sps = dict(lane_state["regs"]), dict(lane_state["sps"])
             active = lane_state["pc"] == b
-            writes = {s: (jnp.full((L,), D, jnp.int32), tops[s]) for s in self.stacks}
+            # Stacks come in read-only; only the tops this block pops are gathered.
+            no_write = jnp.full((L,), D, jnp.int32)
+            writes = {s: (no_write, _zeros(t, (L,))) for s, t in self.stacks.items()}
+            if prog.has_calls:
+                writes[PC] = (no_write, jnp.zeros((L,), jnp.int32))
+
+            def top(s: str) -> Any:
+                sp = lane_state["pc_sp"] if s == PC else lane_state["sps"][s]
+                return tree_map(lambda a: a[jnp.maximum(sp - 1, 0), lane_ids], stacks[s])
             env: dict[str, Any] = {}
 
             def read(v: str) -> tuple[Any, bool]:
@@ -173,7 +181,7 @@ class Machine:
                     writes[s] = (jnp.where(active, sps[s] - 1, D), read(op.var)[0])
                 elif isinstance(op, (Pop, Peek)):
                     s = self.stack_of[op.var]
-                    env[op.var] = tops[s]
+                    env[op.var] = top(s)
                     if isinstance(op, Pop):
                         sps[s] = sps[s] - active
             for v, x in env.items():
@@ -196,12 +204,10 @@ class Machine:
                 pc = jnp.where(ok, term.target, jnp.where(overflow, self.overflowed, pc))
             elif isinstance(term, Return):
                 if prog.has_calls:
-                    pc = jnp.where(active, tops[PC], pc)
+                    pc = jnp.where(active, top(PC), pc)
                     lane_state["pc_sp"] = lane_state["pc_sp"] - active
                 else:
                     pc = jnp.where(active, self.halt, pc)
-            if prog.has_calls:
-                writes.setdefault(PC, (jnp.full((L,), D, jnp.int32), tops[PC]))
             lane_state.update(pc=pc, regs=regs, sps=sps)
             return lane_state, writes
 
@@ -226,9 +232,8 @@ class Machine:
             sps = dict(state["sps"])
             if self.prog.has_calls:
                 stacks[PC], sps[PC] = state["pc_stack"], state["pc_sp"]
-            tops = {v: tree_map(lambda s: s[jnp.maximum(sps[v] - 1, 0), lanes], stacks[v]) for v in stacks}
             lane_state = {k: state[k] for k in in_switch if k in state}
-            lane_state, writes = lax.switch(block, branches, lane_state, tops)
+            lane_state, writes = lax.switch(block, branches, lane_state, stacks)
             for v, (row, value) in writes.items():
                 stacks[v] = tree_map(lambda s, x: s.at[row, lanes].set(x, mode="drop"), stacks[v], value)
             new = {**state, **lane_state, "sched": sched, "steps": state["steps"] + 1,

@@ -48,3 +48,19 @@ def test_parameter_changed_on_some_calls_is_not_a_constant():
     k, n = jnp.int32(3), jnp.array([0, 1, 4, 6])
     assert "passes_itself.k" not in passes_itself.lowered(k, n).vars_of_class("constant")
     np.testing.assert_array_equal(passes_itself(k, n), passes_itself.reference(k, n))
+
+
+@pcbatch.autobatch
+def reads_param_after_second_call(n):
+    if n <= 0:
+        return 0
+    m = n - 1
+    a = reads_param_after_second_call(m)
+    b = reads_param_after_second_call(m)  # the argument copy here must not end n's life
+    return a + b + n
+
+
+def test_parameter_read_only_after_the_second_call_is_saved_across_the_first():
+    n = jnp.array([0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(reads_param_after_second_call(n), [0, 1, 4, 11, 26])  # 2*f(n-1) + n
+    np.testing.assert_array_equal(reads_param_after_second_call(n), reads_param_after_second_call.reference(n))

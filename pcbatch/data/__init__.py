@@ -1,0 +1,26 @@
+"""Input data for the TreeRNN models: array-encoded trees, lattices and chains (see `trees`)."""
+from pcbatch.data.trees import (
+    AST_TYPES,
+    Chain,
+    Lattice,
+    Tree,
+    batch,
+    check_chain,
+    check_lattice,
+    check_tree,
+    random_binary_tree,
+    random_binary_trees,
+    random_chains,
+    random_lattice,
+    random_lattices,
+    stdlib_ast_trees,
+    token_id,
+    tree_height,
+    tree_leaves,
+)
+
+__all__ = [
+    "AST_TYPES", "Chain", "Lattice", "Tree", "batch", "check_chain", "check_lattice", "check_tree",
+    "random_binary_tree", "random_binary_trees", "random_chains", "random_lattice", "random_lattices",
+    "stdlib_ast_trees", "token_id", "tree_height", "tree_leaves",
+]
