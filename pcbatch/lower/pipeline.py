@@ -8,6 +8,7 @@ from pcbatch.ir.cfg import reachable, renumber
 from pcbatch.ir.core import CONSTANT, STACKED, Prim, Program, StackProgram
 from pcbatch.ir.verify import verify_stack_program
 from pcbatch.lower.calls import merge_functions, ret_var
+from pcbatch.lower.coalesce import coalesce_copies
 from pcbatch.lower.constants import find_constants, qualify
 from pcbatch.lower.liveness import block_successors, classify, exit_live, liveness
 from pcbatch.lower.stacks import call_sites, eliminate_pop_push, insert_saves, share_stacks, stack_conflicts
@@ -48,6 +49,10 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     succ = block_successors(blocks)
     at_exit = exit_live(blocks, block_function, ret_var)
     params_of = {f.name: tuple(qualify(f.name, p) for p in f.params) for f in program.functions}
+    keep_names = {ret_var(entry_fn.name)} | set(params_of[program.entry]) | set(consts)
+    live_in = liveness(blocks, succ, at_exit, call_sites(blocks, block_function, params_of))
+    live_out = [set(at_exit.get(i, ())).union(*(live_in[s] for s in succ[i])) for i in range(len(blocks))]
+    blocks = coalesce_copies(blocks, live_out, keep_names)
     sites = call_sites(blocks, block_function, params_of)
     blocks = insert_saves(blocks, block_function, liveness(blocks, succ, at_exit, sites), params_of)
     blocks = tuple(eliminate_pop_push(b) for b in blocks)

@@ -137,7 +137,7 @@ stack program: 5 blocks, entry b0, result fib.<ret>
   inputs: fib.n
   stacked: fib.left:i32[], fib.n:i32[]
   register: fib.<ret>:i32[]
-  temporary: fib._t1, fib._t2, fib._t3, fib._t4, fib.right
+  temporary: fib._t1, fib.right
   machine: 4 lanes; pc stack i32[64,4]
     stack s0 (fib.left, fib.n): i32[64,4]
   b0 (fib.entry):
@@ -147,22 +147,19 @@ stack program: 5 blocks, entry b0, result fib.<ret>
     <ret>:i32[] = n
     return
   b2 (fib.if.join):
-    _t2:i32[] = n - 1
     push n
-    n:i32[] = _t2
+    n:i32[] = n - 1
     pushjump b0, return to b3
   b3 (fib.if.join.after_fib):
     pop n
     left:i32[] = <ret>
-    _t3:i32[] = n - 2
     push left
-    n:i32[] = _t3
+    n:i32[] = n - 2
     pushjump b0, return to b4
   b4 (fib.if.join.after_fib):
     pop left
     right:i32[] = <ret>
-    _t4:i32[] = left + right
-    <ret>:i32[] = _t4
+    <ret>:i32[] = left + right
     return
 """
 

@@ -1,0 +1,74 @@
+"""Copy coalescing: `v = u` where u exists only to be copied into v (the
+result of `x if c else y`, a call's return value) becomes one variable, so the
+machine carries one lane slot instead of two and skips the copy."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pcbatch.ir.core import Block, Branch, Prim, op_reads, op_writes, term_reads
+
+
+def is_copy(op) -> bool:
+    return (isinstance(op, Prim) and len(op.ins) == 1 and len(op.outs) == 1
+            and op.text in ("", op.ins[0].rpartition(".")[2]))
+
+
+def _live_after_ops(block: Block, live_out: set[str]) -> list[set[str]]:
+    """live[k] = variables live just after op k."""
+    live = set(live_out) | set(term_reads(block.term))
+    out = [set() for _ in block.ops]
+    for k in reversed(range(len(block.ops))):
+        out[k] = set(live)
+        op = block.ops[k]
+        live = (live - set(op_writes(op))) | set(op_reads(op))
+    return out
+
+
+def coalesce_copies(blocks: tuple[Block, ...], live_out: list[set[str]], keep: set[str]) -> tuple[Block, ...]:
+    """Rename u to v for each copy `v = u` whose source is used nowhere else and
+    never live at the same time as v. Variables in `keep` are never renamed away."""
+    uses: dict[str, int] = {}
+    for b in blocks:
+        for op in b.ops:
+            for v in op_reads(op):
+                uses[v] = uses.get(v, 0) + 1
+        for v in term_reads(b.term):
+            uses[v] = uses.get(v, 0) + 1
+    after = [_live_after_ops(b, live_out[i]) for i, b in enumerate(blocks)]
+    renames: dict[str, str] = {}
+    taken: set[str] = set()
+    for i, b in enumerate(blocks):
+        for k, op in enumerate(b.ops):
+            if not is_copy(op):
+                continue
+            (u,), (v,) = op.ins, op.outs
+            if (u == v or uses.get(u) != 1 or u in keep or u in renames or u in taken or v in renames
+                    or u.rpartition(".")[0] != v.rpartition(".")[0]):
+                continue
+            clash = False
+            for j, blk in enumerate(blocks):
+                for m, other in enumerate(blk.ops):
+                    if (u in op_writes(other) and v in after[j][m]) or (
+                            v in op_writes(other) and (j, m) != (i, k) and u in after[j][m]):
+                        clash = True
+            if not clash:
+                renames[u] = v
+                taken.add(v)
+    if not renames:
+        return blocks
+
+    def name(x: str) -> str:
+        return renames.get(x, x)
+
+    out = []
+    for b in blocks:
+        ops = []
+        for op in b.ops:
+            if isinstance(op, Prim):
+                op = replace(op, ins=tuple(map(name, op.ins)), outs=tuple(map(name, op.outs)))
+                if is_copy(op) and op.ins == op.outs:
+                    continue
+            ops.append(op)
+        term = replace(b.term, cond=name(b.term.cond)) if isinstance(b.term, Branch) else b.term
+        out.append(replace(b, ops=tuple(ops), term=term))
+    return tuple(out)
