@@ -1,0 +1,136 @@
+"""Random-program differential test: autobatched result == per-example Python.
+
+`test_fuzz_programs` runs `PCBATCH_FUZZ_EXAMPLES` programs (default 200) in
+`make test`; `test_fuzz_long` (marked slow) runs `PCBATCH_FUZZ_EXAMPLES`
+(default 10,000) under `make fuzz`.  `PCBATCH_FUZZ_SEED=<int>` replaces the
+derandomized default sequence of programs with another one.
+
+A failure prints the generated program and its inputs.
+"""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import linecache
+import os
+import sys
+import tempfile
+import traceback
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+
+from .generator import LARGE, SMALL, FuzzCase, fuzz_cases
+
+_DIR = tempfile.mkdtemp(prefix="pcbatch_fuzz_")
+_IDS = itertools.count()
+
+
+def _load(source: str):
+    """Import `source` from a real file (pcbatch reads function source via inspect).
+    The module is not put in sys.modules, so it is freed after the check."""
+    name = f"pcbatch_fuzz_{os.getpid()}_{next(_IDS)}"
+    path = os.path.join(_DIR, name + ".py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _unload(module) -> None:
+    os.remove(module.__file__)
+    linecache.checkcache(module.__file__)
+
+
+def _mismatch(out, ref) -> str | None:
+    """None if `out` equals `ref` (ints exactly, floats allclose), else what differs."""
+    out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+    ref_leaves, ref_tree = jax.tree_util.tree_flatten(ref)
+    if out_tree != ref_tree:
+        return f"result structure {out_tree} != reference structure {ref_tree}"
+    for k, (o, r) in enumerate(zip(out_leaves, ref_leaves)):
+        o, r = np.asarray(o), np.asarray(r)
+        if o.shape != r.shape:
+            return f"leaf {k}: shape {o.shape} != reference shape {r.shape}"
+        if np.issubdtype(o.dtype, np.floating) or np.issubdtype(r.dtype, np.floating):
+            same = np.isclose(o.astype(np.float64), r.astype(np.float64), rtol=1e-6, atol=1e-6, equal_nan=True)
+        else:
+            same = o.astype(np.int64) == r.astype(np.int64)
+        bad = np.nonzero(~same.reshape(o.shape[0], -1).all(axis=1))[0].tolist()
+        if bad:
+            return (f"leaf {k}: pcbatch {o.tolist()} ({o.dtype}) != reference {r.tolist()} ({r.dtype}); "
+                    f"examples {bad} differ")
+    return None
+
+
+def check_case(case: FuzzCase) -> None:
+    """Autobatched result == `.reference(...)` (ints exactly, floats allclose)."""
+    module = _load(case.source)
+    try:
+        _check(getattr(module, case.entry), case)
+    finally:
+        _unload(module)
+
+
+def _check(fn, case: FuzzCase) -> None:
+    try:
+        ref = fn.reference(*case.inputs)
+    except Exception:  # a generator bug: the program itself is broken Python
+        raise AssertionError("the generated program fails in plain Python (generator bug)\n"
+                             + case.describe() + traceback.format_exc()) from None
+    try:
+        out = fn(*case.inputs)
+    except Exception as e:
+        raise AssertionError(f"pcbatch raised {type(e).__name__}\n" + case.describe()
+                             + traceback.format_exc()) from e
+    problem = _mismatch(out, ref)
+    if problem:
+        raise AssertionError(f"pcbatch disagrees with the reference: {problem}\n" + case.describe())
+
+
+def _run(n: int, max_stmts: int) -> int:
+    """Check `n` random programs; returns how many ran."""
+    count = [0]
+    options = dict(max_examples=n, database=None, report_multiple_bugs=False,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                          HealthCheck.large_base_example])
+    user_seed = os.environ.get("PCBATCH_FUZZ_SEED")
+    if user_seed:
+        options["derandomize"] = False
+
+    def prop(case: FuzzCase) -> None:
+        check_case(case)
+        count[0] += 1
+        if count[0] % 500 == 0:
+            jax.clear_caches()
+
+    test = settings(**options)(given(fuzz_cases(max_stmts))(prop))
+    if user_seed:
+        test = seed(int(user_seed))(test)
+    test()
+    return count[0]
+
+
+def _examples(default: int) -> int:
+    return int(os.environ.get("PCBATCH_FUZZ_EXAMPLES", default))
+
+
+def test_fuzz_programs():
+    """`make test`: a fixed set of 200 random programs (or `PCBATCH_FUZZ_EXAMPLES`)."""
+    n = _examples(200)
+    ran = _run(n, SMALL)
+    print(f"fuzz: {ran} programs", file=sys.stderr)
+    assert ran >= n, f"only {ran} of {n} generated programs ran"
+
+
+@pytest.mark.slow
+def test_fuzz_long():
+    """`make fuzz`: PCBATCH_FUZZ_EXAMPLES (default 10,000) programs."""
+    n = _examples(10_000)
+    ran = _run(n, LARGE)
+    print(f"fuzz: {ran} programs", file=sys.stderr)
+    assert ran >= n, f"only {ran} of {n} generated programs ran"
