@@ -135,7 +135,10 @@ class Autobatched:
     # --- internals -------------------------------------------------------
 
     def _bind(self, args: Sequence[Any]) -> list[Any]:
-        bound = self.signature.bind(*args)
+        try:
+            bound = self.signature.bind(*args)
+        except TypeError as e:
+            raise TypeError(f"{self.__qualname__}{self.signature}: {e}") from None
         bound.apply_defaults()
         return list(bound.arguments.values())
 
