@@ -10,9 +10,11 @@ A failure prints the generated program and its inputs.
 from __future__ import annotations
 
 import importlib.util
-import itertools
+import atexit
+import hashlib
 import linecache
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -25,13 +27,15 @@ from hypothesis import HealthCheck, given, seed, settings
 from .generator import LARGE, SMALL, FuzzCase, fuzz_cases
 
 _DIR = tempfile.mkdtemp(prefix="pcbatch_fuzz_")
-_IDS = itertools.count()
+atexit.register(shutil.rmtree, _DIR, True)
 
 
 def _load(source: str):
     """Import `source` from a real file (pcbatch reads function source via inspect).
-    The module is not put in sys.modules, so it is freed after the check."""
-    name = f"pcbatch_fuzz_{os.getpid()}_{next(_IDS)}"
+    The module is not put in sys.modules, so it is freed after the check.  The
+    file name depends only on the source, so that a replayed failure has the
+    same origin (file, line) for hypothesis."""
+    name = "pcbatch_fuzz_" + hashlib.sha1(source.encode()).hexdigest()[:16]
     path = os.path.join(_DIR, name + ".py")
     with open(path, "w") as f:
         f.write(source)
