@@ -1,10 +1,10 @@
 """The program-counter machine (Radul et al., Algorithm 2) as one `lax.while_loop`.
 
 State: per lane, a program counter and a pc stack; per register, one slot per
-lane; per stacked variable, its cached top (the register slot), a
-`[max_stack_depth, lanes, ...]` stack and a stack pointer per lane. Each step a
-scheduler picks ONE block (an unbatched index); `lax.switch` runs only that
-block, for all lanes, and masks the update to the lanes waiting at it.
+lane; per (shared) stack of saved variables, a `[max_stack_depth, lanes, ...]`
+array and a stack pointer per lane. Each step a scheduler picks ONE block (an
+unbatched index); `lax.switch` runs only that block, for all lanes, and masks
+the update to the lanes waiting at it.
 
 Lanes and examples are distinct: today lane i runs example i; fork-join will
 add lanes that run calls on behalf of an example.
@@ -130,11 +130,11 @@ class Machine:
 
     # --- one block -------------------------------------------------------
     #
-    # Stacks never enter `lax.switch`: XLA would copy every operand a branch
-    # passes through, i.e. every whole stack, every step. Instead each stack's
-    # top is gathered before the switch, and a branch returns at most one
-    # write request per stack (row `D` = no write), applied after it as one
-    # in-place scatter. Lowering guarantees a block reads a stack (Pop/Peek)
+    # Stacks are not results of `lax.switch`: XLA would copy every result a
+    # branch passes through unchanged, i.e. every whole stack, every step. They
+    # go in read-only; a branch gathers only the tops it pops and returns one
+    # write request per stack (row `D` = no write), applied after the switch as
+    # one in-place scatter. Lowering guarantees a block reads a stack (Pop/Peek)
     # at most once and before it writes it (Push/Update) at most once.
 
     def block_fn(self, b: int, consts: dict[str, Any]):
@@ -229,9 +229,8 @@ class Machine:
             counts = jnp.zeros((halt,), jnp.int32).at[pc].add(1, mode="drop")
             block, sched = self.scheduler.choose(state["sched"], Frontier(pc, counts, state["depth"]))
             stacks = dict(state["stacks"])
-            sps = dict(state["sps"])
             if self.prog.has_calls:
-                stacks[PC], sps[PC] = state["pc_stack"], state["pc_sp"]
+                stacks[PC] = state["pc_stack"]
             lane_state = {k: state[k] for k in in_switch if k in state}
             lane_state, writes = lax.switch(block, branches, lane_state, stacks)
             for v, (row, value) in writes.items():
