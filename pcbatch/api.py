@@ -112,11 +112,11 @@ class Autobatched:
 
     def reference(self, *args: Any) -> Any:
         """Run the original Python one example at a time (the test oracle)."""
-        batched, shared, batch = self._split(args)
+        values, batched, batch = self._split(args)
         outs = []
         with _context.in_python_mode():
             for i in range(batch):
-                example = [tree_util.tree_map(lambda x: x[i], a) if b else a for a, b in zip(batched, shared)]
+                example = [tree_util.tree_map(lambda x: x[i], v) if b else v for v, b in zip(values, batched)]
                 outs.append(self.fn(*example))
         return tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *outs)
 
