@@ -65,8 +65,9 @@ def coalesce_copies(blocks: tuple[Block, ...], live_out: list[set[str]], keep: s
         ops = []
         for op in b.ops:
             if isinstance(op, Prim):
+                copy = is_copy(op)  # before renaming: the text still names the source
                 op = replace(op, ins=tuple(map(name, op.ins)), outs=tuple(map(name, op.outs)))
-                if is_copy(op) and op.ins == op.outs:
+                if copy and op.ins == op.outs:
                     continue
             ops.append(op)
         term = replace(b.term, cond=name(b.term.cond)) if isinstance(b.term, Branch) else b.term

@@ -6,6 +6,7 @@ import numpy as np
 
 import pcbatch
 from pcbatch.ir import Peek, Pop, Push, PushJump, Update
+from pcbatch.lower.coalesce import is_copy
 
 
 @pcbatch.autobatch
@@ -170,3 +171,22 @@ def test_golden_lowered_fib():
     return value and everything else never touch a stack."""
     listing = re.sub(r"\s+# .*:\d+", "", str(fib.lowered(jnp.arange(4))))
     assert listing == GOLDEN_FIB
+
+
+@pcbatch.autobatch
+def collatz_ifexp(n):
+    steps = 0
+    while n != 1:
+        n = n // 2 if n % 2 == 0 else 3 * n + 1
+        steps += 1
+    return steps
+
+
+def test_conditional_expression_is_computed_into_its_target():
+    prog = collatz_ifexp.lowered(jnp.arange(1, 5))
+    # `x if c else y` assigned to n: both arms write n; no temporary register, no copy.
+    assert classes(prog, "register") == {"collatz_ifexp.n", "collatz_ifexp.steps", "collatz_ifexp.<ret>"}
+    prims = [op for b in prog.blocks for op in b.ops if hasattr(op, "fn")]
+    assert not any(is_copy(op) and op.ins == op.outs for op in prims)
+    n = jnp.array([1, 6, 27, 7])
+    np.testing.assert_array_equal(collatz_ifexp(n), collatz_ifexp.reference(n))
