@@ -6,6 +6,11 @@ array and a stack pointer per lane. Each step a scheduler picks ONE block (an
 unbatched index); `lax.switch` runs only that block, for all lanes, and masks
 the update to the lanes waiting at it.
 
+Registers larger than `LARGE_REGISTER_BYTES` per lane enter the switch
+read-only too (XLA copies every result a branch passes through unchanged);
+after it, one `lax.cond` per group of them with the same writer blocks re-runs
+the chosen block when it writes them.
+
 Lanes and examples are distinct: today lane i runs example i; fork-join will
 add lanes that run calls on behalf of an example.
 """
@@ -33,9 +38,11 @@ from pcbatch.ir.core import (
     Return,
     StackProgram,
     Update,
+    op_writes,
 )
 
 tree_map = jax.tree_util.tree_map
+LARGE_REGISTER_BYTES = 256  # per lane
 PC = "<pc>"  # the program-counter stack, handled like a variable's stack
 
 
@@ -100,6 +107,17 @@ class Machine:
         # A lane slot for every value that crosses a block boundary; a stacked
         # variable that is only ever restored and used within one block needs none.
         self.stored = [v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing]
+        # Large registers are not results of the switch (XLA would copy them every
+        # step); after it, one lax.cond per group with the same writer blocks
+        # re-runs the chosen block when it writes them.
+        nbytes = {v: sum(l.size * l.dtype.itemsize for l in jax.tree_util.tree_leaves(prog.var_types[v]))
+                  for v in self.stored}
+        self.big = sorted(v for v in self.stored if nbytes[v] > LARGE_REGISTER_BYTES)
+        self.big_groups: dict[tuple[int, ...], list[str]] = {}
+        for v in self.big:
+            writers = tuple(b for b, blk in enumerate(prog.blocks) if any(v in op_writes(op) for op in blk.ops))
+            if writers:  # one that nothing writes (a large input) is only read
+                self.big_groups.setdefault(writers, []).append(v)
         # Stacked variables that are never saved at once share a stack (and its pointer).
         self.stack_of = {v: prog.stack_of.get(v, v) for v, c in prog.var_class.items() if c == STACKED}
         self.stacks = {}
@@ -141,7 +159,7 @@ class Machine:
         prog, block, types = self.prog, self.prog.blocks[b], self.prog.var_types
         L, D, lane_ids = self.lanes, self.depth, self.lane_ids
 
-        def run(lane_state: dict[str, Any], stacks: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        def run(lane_state: dict[str, Any], stacks: dict[str, Any], big: dict[str, Any]):
             lane_state = dict(lane_state)
             regs, sps = dict(lane_state["regs"]), dict(lane_state["sps"])
             active = lane_state["pc"] == b
@@ -161,7 +179,7 @@ class Machine:
                     return env[v], True
                 if prog.var_class[v] == CONSTANT:
                     return consts[v], False
-                return regs[v], True
+                return (big[v] if v in big else regs[v]), True
 
             for op in block.ops:
                 if isinstance(op, Prim):
@@ -186,7 +204,7 @@ class Machine:
                         sps[s] = sps[s] - active
             for v, x in env.items():
                 if v in regs:
-                    regs[v] = _select(active, x, regs[v])
+                    regs[v] = _select(active, x, regs[v])  # large registers: after the switch
 
             pc, term = lane_state["pc"], block.term
             if isinstance(term, Jump):
@@ -209,14 +227,32 @@ class Machine:
                 else:
                     pc = jnp.where(active, self.halt, pc)
             lane_state.update(pc=pc, regs=regs, sps=sps)
-            return lane_state, writes
+            return lane_state, writes, env, active
 
         return run
 
     # --- the loop --------------------------------------------------------
 
     def run(self, consts: dict[str, Any], batched_inputs: dict[str, Any]) -> tuple[Any, Status]:
-        branches = [self.block_fn(b, consts) for b in range(self.prog.num_blocks)]
+        blocks = [self.block_fn(b, consts) for b in range(self.prog.num_blocks)]
+        branches = [lambda *a, run=run: run(*a)[:2] for run in blocks]
+
+        def update_big(block, writers, group, lane_state, stacks, big):
+            def rerun(b):
+                def go(lane_state, stacks, big):
+                    _, _, env, active = blocks[b](lane_state, stacks, big)
+                    return {v: _select(active, env[v], big[v]) if v in env else big[v] for v in group}
+                return go
+
+            def unchanged(lane_state, stacks, big):
+                return {v: big[v] for v in group}
+
+            if len(writers) == 1:
+                return lax.cond(block == writers[0], rerun(writers[0]), unchanged, lane_state, stacks, big)
+            which = jnp.argmax(jnp.array(writers) == block)
+            return lax.cond(jnp.isin(block, jnp.array(writers)),
+                            lambda *a: lax.switch(which, [rerun(b) for b in writers], *a), unchanged,
+                            lane_state, stacks, big)
         halt, max_steps, lanes = self.halt, self.max_steps, self.lane_ids
         in_switch = ("pc", "regs", "sps", "pc_sp")
 
@@ -232,7 +268,14 @@ class Machine:
             if self.prog.has_calls:
                 stacks[PC] = state["pc_stack"]
             lane_state = {k: state[k] for k in in_switch if k in state}
-            lane_state, writes = lax.switch(block, branches, lane_state, stacks)
+            big = {v: state["regs"][v] for v in self.big}
+            lane_state["regs"] = {v: x for v, x in state["regs"].items() if v not in big}
+            before = dict(lane_state)
+            lane_state, writes = lax.switch(block, branches, lane_state, stacks, big)
+            lane_state["regs"] = dict(lane_state["regs"])
+            for writers, group in self.big_groups.items():
+                lane_state["regs"].update(update_big(block, writers, group, before, stacks, big))
+            lane_state["regs"].update({v: x for v, x in big.items() if v not in lane_state["regs"]})
             for v, (row, value) in writes.items():
                 stacks[v] = tree_map(lambda s, x: s.at[row, lanes].set(x, mode="drop"), stacks[v], value)
             new = {**state, **lane_state, "sched": sched, "steps": state["steps"] + 1,

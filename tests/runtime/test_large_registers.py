@@ -45,3 +45,21 @@ def test_recursion_with_large_stacked_values_matches_python():
     x = jax.random.normal(jax.random.PRNGKey(1), (4, DIM))
     d = jnp.array([0, 1, 3, 5])
     np.testing.assert_allclose(tree_sum(x, d), tree_sum.reference(x, d), rtol=1e-5, atol=1e-5)
+
+
+@pcbatch.autobatch
+def weighted_walk(table, start, n):
+    """A large per-example input that no block writes, read in a loop."""
+    i, acc = start, 0.0
+    while n > 0:
+        acc = acc + table[i % DIM]
+        i = i * 3 + 1
+        n -= 1
+    return acc
+
+
+def test_large_input_that_is_only_read_matches_python():
+    table = jax.random.normal(jax.random.PRNGKey(2), (4, DIM))
+    start, n = jnp.array([0, 5, 7, 2]), jnp.array([0, 3, 9, 1])
+    np.testing.assert_allclose(weighted_walk(table, start, n), weighted_walk.reference(table, start, n),
+                               rtol=1e-5, atol=1e-5)
