@@ -5,6 +5,7 @@ import inspect
 from typing import Any, Callable, Optional
 
 from pcbatch.frontend.converter import convert_function
+from pcbatch.ir.cfg import closure
 from pcbatch.ir.core import Call, Program
 from pcbatch.ir.verify import verify_program
 
@@ -42,12 +43,7 @@ def build_program(entry: Callable, unwrap: Callable[[Any], Optional[Callable]]) 
     # Functions only called from dead code are converted (their errors still
     # count) but are not part of the program.
     calls = {f.name: {op.callee for b in f.blocks for op in b.ops if isinstance(op, Call)} for f in functions}
-    live, stack = set(), [entry_name]
-    while stack:
-        name = stack.pop()
-        if name not in live:
-            live.add(name)
-            stack.extend(calls[name])
+    live = closure([entry_name], calls.__getitem__)
     program = Program(tuple(f for f in functions if f.name in live), entry_name)
     verify_program(program)
     return program

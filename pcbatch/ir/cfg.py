@@ -6,8 +6,11 @@ through and straight-line chains are merged before anything else sees them.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable, Iterable, TypeVar
 
 from pcbatch.ir.core import Block, Branch, Jump, PushJump, successors
+
+T = TypeVar("T")
 
 
 def _retarget(block: Block, mapping: dict[int, int]) -> Block:
@@ -21,17 +24,21 @@ def _retarget(block: Block, mapping: dict[int, int]) -> Block:
     return replace(block, term=t)
 
 
+def closure(start: Iterable[T], step: Callable[[T], Iterable[T]]) -> set[T]:
+    """Everything reachable from `start` by repeatedly taking `step`."""
+    seen: set[T] = set()
+    stack = list(start)
+    while stack:
+        x = stack.pop()
+        if x not in seen:
+            seen.add(x)
+            stack.extend(step(x))
+    return seen
+
+
 def reachable(blocks: tuple[Block, ...], start: int = 0) -> list[int]:
     """Indices reachable from `start`, in increasing order."""
-    seen, order, stack = set(), [], [start]
-    while stack:
-        i = stack.pop()
-        if i in seen:
-            continue
-        seen.add(i)
-        order.append(i)
-        stack.extend(reversed(successors(blocks[i].term)))
-    return sorted(order)
+    return sorted(closure([start], lambda i: successors(blocks[i].term)))
 
 
 def renumber(blocks: tuple[Block, ...], keep: list[int]) -> tuple[Block, ...]:

@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from pcbatch.ir.core import Block, Peek, Pop, Prim, Push, PushJump, Update, op_reads, op_writes, successors
+from pcbatch.ir.cfg import closure
 from pcbatch.lower.calls import ret_var
 
 
@@ -24,16 +25,8 @@ def clobbers(blocks: tuple[Block, ...], block_function: tuple[str, ...]) -> dict
             writes[fn].update(op_writes(op))
         if isinstance(b.term, PushJump):
             calls[fn].add(block_function[b.term.target])
-    out = {}
-    for fn in set(block_function):
-        seen, stack = set(), [fn]
-        while stack:
-            g = stack.pop()
-            if g not in seen:
-                seen.add(g)
-                stack.extend(calls[g])
-        out[fn] = set().union(*(writes[g] for g in seen))
-    return out
+    return {fn: set().union(*(writes[g] for g in closure([fn], calls.__getitem__)))
+            for fn in set(block_function)}
 
 
 def call_sites(blocks: tuple[Block, ...], block_function: tuple[str, ...],

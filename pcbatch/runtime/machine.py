@@ -253,6 +253,7 @@ class Machine:
             return lax.cond(jnp.isin(block, jnp.array(writers)),
                             lambda *a: lax.switch(which, [rerun(b) for b in writers], *a), unchanged,
                             lane_state, stacks, big)
+
         halt, max_steps, lanes = self.halt, self.max_steps, self.lane_ids
         in_switch = ("pc", "regs", "sps", "pc_sp")
 
