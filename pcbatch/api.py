@@ -22,6 +22,11 @@ from pcbatch.runtime import MachineConfig, Status, run_machine
 
 tree_util = jax.tree_util
 
+# Fork-join defaults, from benchmarks/treelstm.py (see benchmarks/README.md).
+DEFAULT_LANES_PER_EXAMPLE = 8
+DEFAULT_WIDTH_PER_EXAMPLE = 8
+DEFAULT_MIN_WIDTH = 64
+
 
 def _unwrap(obj: Any) -> Callable | None:
     return obj.fn if isinstance(obj, Autobatched) else None
@@ -45,17 +50,25 @@ class Autobatched:
     """
 
     def __init__(self, fn: Callable, *, in_axes: Any = 0, max_stack_depth: int = 64,
-                 max_steps: int | None = None, schedule: Any = "earliest"):
+                 max_steps: int | None = None, schedule: Any = "earliest", fork: bool = True,
+                 max_lanes: int | None = None, lane_width: int | None = None):
         if not callable(fn):
             raise TypeError(f"pcbatch.autobatch expects a function, got {fn!r}")
         if max_stack_depth < 1:
             raise ValueError("max_stack_depth must be at least 1")
+        for name, value in (("max_lanes", max_lanes), ("lane_width", lane_width)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1")
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.in_axes = in_axes
         self.max_stack_depth = max_stack_depth
         self.max_steps = max_steps
+        self.schedule = schedule
         self.scheduler = get_scheduler(schedule)
+        self.fork = fork
+        self.max_lanes = max_lanes
+        self.lane_width = lane_width
         self.signature = inspect.signature(fn)
         self._program: Program | None = None
         self._lowered: dict[tuple[bool, ...], StackProgram] = {}
@@ -70,7 +83,7 @@ class Autobatched:
     def ir(self) -> Program:
         """The block IR (Figure 2): one control-flow graph per function."""
         if self._program is None:
-            self._program = build_program(self.fn, _unwrap)
+            self._program = build_program(self.fn, _unwrap, fork=self.fork)
         return self._program
 
     def lowered(self, *args: Any) -> StackProgram:
@@ -127,9 +140,19 @@ class Autobatched:
 
     def with_schedule(self, schedule: Any) -> "Autobatched":
         """The same function run under another scheduler."""
-        other = Autobatched(self.fn, in_axes=self.in_axes, max_stack_depth=self.max_stack_depth,
-                            max_steps=self.max_steps, schedule=schedule)
-        other._program, other._lowered = self._program, self._lowered
+        return self.with_options(schedule=schedule)
+
+    def with_options(self, **options: Any) -> "Autobatched":
+        """A copy with some of `autobatch`'s options changed, e.g.
+        `tree_lstm.with_options(fork=False)` for one lane per example."""
+        current = dict(in_axes=self.in_axes, max_stack_depth=self.max_stack_depth, max_steps=self.max_steps,
+                       schedule=self.schedule, fork=self.fork, max_lanes=self.max_lanes, lane_width=self.lane_width)
+        unknown = set(options) - set(current)
+        if unknown:
+            raise TypeError(f"unknown autobatch option(s): {', '.join(sorted(unknown))}")
+        other = Autobatched(self.fn, **{**current, **options})
+        if other.fork == self.fork:
+            other._program, other._lowered = self._program, self._lowered
         return other
 
     # --- internals -------------------------------------------------------
@@ -209,7 +232,9 @@ class Autobatched:
 
     def _machine(self, prog: StackProgram, batch: int, inputs: dict[str, Any]) -> tuple[Any, Status]:
         self.trace_count += 1
-        config = MachineConfig(self.max_stack_depth, self.max_steps, self.scheduler)
+        lanes = self.max_lanes or DEFAULT_LANES_PER_EXAMPLE * batch
+        config = MachineConfig(self.max_stack_depth, self.max_steps, self.scheduler, lanes,
+                               self.lane_width or max(DEFAULT_MIN_WIDTH, DEFAULT_WIDTH_PER_EXAMPLE * batch))
         with _context.in_building():
             return run_machine(prog, inputs, batch, config)
 
@@ -239,7 +264,7 @@ class Autobatched:
             needed = {}
             for i in overflow[:5]:
                 limit = 8 * self.max_stack_depth
-                t = run_stack_program(prog, examples[i], max_steps=1_000_000, max_depth=limit)
+                t = run_stack_program(prog, examples[i], max_steps=1_000_000, max_depth=limit, forks=False)
                 needed[i] = (f"max_stack_depth={t.max_depth}" if t.finished else
                              f"more than {limit} (runaway recursion?)" if t.max_depth > limit else
                              f"at least {t.max_depth}")
@@ -256,7 +281,8 @@ class Autobatched:
 
 
 def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: int = 64,
-              max_steps: int | None = None, schedule: Any = "earliest") -> Any:
+              max_steps: int | None = None, schedule: Any = "earliest", fork: bool = True,
+              max_lanes: int | None = None, lane_width: int | None = None) -> Any:
     """Batch a single-example function (recursion and control flow included).
 
     Usable as `@autobatch`, `@autobatch(in_axes=(0, None))` or `autobatch(f, ...)`.
@@ -267,6 +293,12 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
       max_stack_depth: deepest recursion (active frames) any example may reach.
       max_steps: bound on machine steps; `None` means unbounded.
       schedule: `"earliest"` or a scheduler object (see `pcbatch.fsm`).
+      fork: run independent calls (`f(l) + f(r)`) at once in lanes of their own,
+        so a tree is processed level by level, not node by node. `False`: one
+        lane per example, calls one after another.
+      max_lanes: the fork-join lane pool (default 8 per example); when it runs
+        out, calls run sequentially in the caller's lane (slower, same result).
+      lane_width: most lanes one VM step runs (default 8 per example, at least 64).
 
     >>> import jax.numpy as jnp, pcbatch
     >>> @pcbatch.autobatch
@@ -279,7 +311,8 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
     >>> collatz(jnp.array([1, 6, 27]))
     Array([  0,   8, 111], dtype=int32)
     """
-    options = dict(in_axes=in_axes, max_stack_depth=max_stack_depth, max_steps=max_steps, schedule=schedule)
+    options = dict(in_axes=in_axes, max_stack_depth=max_stack_depth, max_steps=max_steps, schedule=schedule,
+                   fork=fork, max_lanes=max_lanes, lane_width=lane_width)
     if fn is None:
         return lambda f: Autobatched(f, **options)
     return Autobatched(fn, **options)

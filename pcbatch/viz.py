@@ -566,7 +566,7 @@ def stack_depth_histogram(
     `max_stack_depth` (the machine's limit) is drawn as a red line.
 
     >>> import jax.numpy as jnp, pcbatch, pcbatch.viz as viz
-    >>> @pcbatch.autobatch
+    >>> @pcbatch.autobatch(fork=False)  # with fork-join no lane recurses
     ... def fib(n):
     ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
     >>> fig = viz.stack_depth_histogram(fib.trace(jnp.array([1, 3, 4, 4])))

@@ -5,17 +5,19 @@ import inspect
 from typing import Any, Callable, Optional
 
 from pcbatch.frontend.converter import convert_function
+from pcbatch.frontend.forks import form_forks
 from pcbatch.ir.cfg import closure
 from pcbatch.ir.core import Call, Program
 from pcbatch.ir.verify import verify_program
 
 
-def build_program(entry: Callable, unwrap: Callable[[Any], Optional[Callable]]) -> Program:
+def build_program(entry: Callable, unwrap: Callable[[Any], Optional[Callable]], fork: bool = True) -> Program:
     """Convert `entry` and, transitively, the autobatched functions it calls.
 
     `unwrap(obj)` returns the Python function behind an autobatched object, or
     None for anything else; callees are looked up in each function's globals
-    now, so mutual recursion works in any definition order.
+    now, so mutual recursion works in any definition order. With `fork`,
+    independent calls in a block become a `Fork` (`form_forks`).
     """
     names: dict[Callable, str] = {}
     queue: list[Callable] = []
@@ -44,6 +46,7 @@ def build_program(entry: Callable, unwrap: Callable[[Any], Optional[Callable]]) 
     # count) but are not part of the program.
     calls = {f.name: {op.callee for b in f.blocks for op in b.ops if isinstance(op, Call)} for f in functions}
     live = closure([entry_name], calls.__getitem__)
-    program = Program(tuple(f for f in functions if f.name in live), entry_name)
+    kept = tuple(f for f in functions if f.name in live)
+    program = Program(tuple(form_forks(f) for f in kept) if fork else kept, entry_name)
     verify_program(program)
     return program

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Iterable, TypeVar
 
-from pcbatch.ir.core import Block, Branch, Jump, PushJump, successors
+from pcbatch.ir.core import Block, Branch, Fork, Jump, PushJump, Spawn, spawn_targets, successors
 
 T = TypeVar("T")
 
@@ -21,6 +21,9 @@ def _retarget(block: Block, mapping: dict[int, int]) -> Block:
         t = replace(t, true=mapping[t.true], false=mapping[t.false])
     elif isinstance(t, PushJump):
         t = PushJump(mapping[t.target], mapping[t.ret])
+    elif isinstance(t, Fork):
+        calls = tuple(replace(c, target=mapping[c.target]) if isinstance(c, Spawn) else c for c in t.calls)
+        t = replace(t, calls=calls, join=mapping[t.join], seq=mapping[t.seq])
     return replace(block, term=t)
 
 
@@ -38,7 +41,7 @@ def closure(start: Iterable[T], step: Callable[[T], Iterable[T]]) -> set[T]:
 
 def reachable(blocks: tuple[Block, ...], start: int = 0) -> list[int]:
     """Indices reachable from `start`, in increasing order."""
-    return sorted(closure([start], lambda i: successors(blocks[i].term)))
+    return sorted(closure([start], lambda i: successors(blocks[i].term) + spawn_targets(blocks[i].term)))
 
 
 def renumber(blocks: tuple[Block, ...], keep: list[int]) -> tuple[Block, ...]:

@@ -77,7 +77,16 @@ class Update:
     var: str
 
 
-Op = Union[Prim, Call, Push, Pop, Peek, Update]
+@dataclass(frozen=True)
+class Join:
+    """Figure 4, first op of a Fork's join block: `outs[k]` takes the return
+    value `rets[k]` from the lane of the parent's k-th child, which is then freed."""
+
+    outs: tuple[str, ...]
+    rets: tuple[str, ...]
+
+
+Op = Union[Prim, Call, Push, Pop, Peek, Update, Join]
 STACK_OPS = (Push, Pop, Peek, Update)
 
 
@@ -115,7 +124,35 @@ class PushJump:
     ret: int
 
 
-Terminator = Union[Jump, Branch, Return, PushJump]
+@dataclass(frozen=True)
+class Spawn:
+    """One child of a Figure 4 Fork: a free lane starts at block `target` (a
+    function's entry) with `params` assigned from the parent's `args`."""
+
+    target: int
+    params: tuple[str, ...]
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Fork:
+    """Independent calls run at once, each in a lane of its own.
+
+    Figure 2: `calls` are `Call`s that do not read each other's results; they
+    run (in any order), then control continues at `join`. `seq` is the same
+    calls followed by the same continuation, run one after another in the
+    caller's lane: the machine takes it when too few lanes are free.
+    Figure 4: `calls` are `Spawn`s; the parent waits off the frontier until
+    every child has returned, then runs `join` (whose first op is a `Join`).
+    """
+
+    calls: tuple
+    join: int
+    seq: int
+    loc: Loc | None = field(default=None, compare=False)
+
+
+Terminator = Union[Jump, Branch, Return, PushJump, Fork]
 
 
 # --- containers ----------------------------------------------------------
@@ -196,6 +233,10 @@ class StackProgram:
     def has_calls(self) -> bool:
         return any(isinstance(b.term, PushJump) for b in self.blocks)
 
+    @property
+    def has_forks(self) -> bool:
+        return any(isinstance(b.term, Fork) for b in self.blocks)
+
     def vars_of_class(self, cls: str) -> tuple[str, ...]:
         return tuple(sorted(v for v, c in self.var_class.items() if c == cls))
 
@@ -222,6 +263,8 @@ def op_writes(op: Op) -> tuple[str, ...]:
         return (op.out,)
     if isinstance(op, (Pop, Peek)):
         return (op.var,)
+    if isinstance(op, Join):
+        return op.outs  # `rets` are read from the children's lanes, not this one
     return ()
 
 
@@ -230,6 +273,8 @@ def term_reads(term: Terminator) -> tuple[str, ...]:
         return (term.cond,)
     if isinstance(term, Return) and term.value is not None:
         return (term.value,)
+    if isinstance(term, Fork):
+        return tuple(a for c in term.calls for a in c.args)
     return ()
 
 
@@ -241,4 +286,13 @@ def successors(term: Terminator) -> tuple[int, ...]:
         return (term.true, term.false)
     if isinstance(term, PushJump):
         return (term.target, term.ret)
+    if isinstance(term, Fork):
+        return (term.join, term.seq)
+    return ()
+
+
+def spawn_targets(term: Terminator) -> tuple[int, ...]:
+    """Where a Figure 4 Fork starts its children (other lanes: not successors)."""
+    if isinstance(term, Fork):
+        return tuple(c.target for c in term.calls if isinstance(c, Spawn))
     return ()

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from pcbatch.ir.core import Branch, Jump, Peek, Pop, Prim, Program, Push, PushJump, Return, StackProgram, Update
+from pcbatch.ir.core import (Branch, Fork, Join, Jump, Peek, Pop, Prim, Program, Push, PushJump, Return, StackProgram,
+                             Update)
 
 
 def _truthy(x: Any) -> bool:
@@ -38,6 +39,10 @@ def run_program(program: Program, *args: Any) -> Any:
                 return env[t.value]
             if isinstance(t, Jump):
                 block = f.blocks[t.target]
+            elif isinstance(t, Fork):
+                for c in t.calls:
+                    env[c.out] = call(c.callee, tuple(env[a] for a in c.args))
+                block = f.blocks[t.join]
             else:
                 block = f.blocks[t.true if _truthy(env[t.cond]) else t.false]
 
@@ -55,49 +60,72 @@ class Trace:
 
 
 def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int | None = None,
-                      max_depth: int | None = None) -> Trace:
+                      max_depth: int | None = None, forks: bool = True) -> Trace:
     """Run a Figure 4 program on one example (`inputs` maps entry parameters to values).
 
-    Stops early, with `finished=False`, after `max_steps` blocks or on reaching
-    `max_depth` frames (the depth the machine would have needed is then at
-    least `max_depth + 1`)."""
+    A Fork runs its children one after another, each as a lane of its own
+    (own registers, stacks and pc stack), depth first; `blocks` lists every
+    block any of the example's lanes ran, in that order, and `max_depth` is
+    the deepest pc stack of any lane. With `forks=False` every Fork takes its
+    sequential path instead (what a lane does when the pool is exhausted; its
+    depth bounds what any schedule needs). Stops early, with `finished=False`,
+    after `max_steps` blocks or on reaching `max_depth` frames (the depth the
+    machine would have needed is then at least `max_depth + 1`)."""
     env: dict[str, Any] = dict(inputs)
     for op in prog.prelude:
         env.update(zip(op.outs, op.fn(*(env[v] for v in op.ins))))
-    stacks: dict[str, list] = {}
-    pc_stack = [prog.num_blocks]
-    pc = prog.entry_block
     trace = Trace(None)
-    while pc != prog.num_blocks:
-        if max_steps is not None and len(trace.blocks) >= max_steps:
-            trace.finished = False
-            break
-        trace.blocks.append(pc)
-        block = prog.blocks[pc]
-        for op in block.ops:
-            if isinstance(op, Prim):
-                env.update(zip(op.outs, op.fn(*(env[v] for v in op.ins))))
-            elif isinstance(op, Push):
-                stacks.setdefault(op.var, []).append(env[op.var])
-            elif isinstance(op, Update):
-                stacks[op.var][-1] = env[op.var]
-            elif isinstance(op, Pop):
-                env[op.var] = stacks[op.var].pop()
-            elif isinstance(op, Peek):
-                env[op.var] = stacks[op.var][-1]
-        t = block.term
-        if isinstance(t, Jump):
-            pc = t.target
-        elif isinstance(t, Branch):
-            pc = t.true if _truthy(env[t.cond]) else t.false
-        elif isinstance(t, PushJump):
-            pc_stack.append(t.ret)
-            trace.max_depth = max(trace.max_depth, len(pc_stack))
-            if max_depth is not None and len(pc_stack) > max_depth:
-                trace.finished = False
-                break
-            pc = t.target
-        else:
-            pc = pc_stack.pop() if prog.has_calls else prog.num_blocks
-    trace.result = env.get(prog.result)
+    halt = prog.num_blocks
+
+    class Stop(Exception):
+        pass
+
+    def lane(pc: int, env: dict[str, Any]) -> dict[str, Any]:
+        stacks: dict[str, list] = {}
+        pc_stack = [halt]
+        children: list[dict[str, Any]] = []
+        while pc != halt:
+            if max_steps is not None and len(trace.blocks) >= max_steps:
+                raise Stop
+            trace.blocks.append(pc)
+            block = prog.blocks[pc]
+            for op in block.ops:
+                if isinstance(op, Prim):
+                    env.update(zip(op.outs, op.fn(*(env[v] for v in op.ins))))
+                elif isinstance(op, Push):
+                    stacks.setdefault(op.var, []).append(env[op.var])
+                elif isinstance(op, Update):
+                    stacks[op.var][-1] = env[op.var]
+                elif isinstance(op, Pop):
+                    env[op.var] = stacks[op.var].pop()
+                elif isinstance(op, Peek):
+                    env[op.var] = stacks[op.var][-1]
+                elif isinstance(op, Join):
+                    env.update((v, child[r]) for v, r, child in zip(op.outs, op.rets, children))
+            t = block.term
+            if isinstance(t, Jump):
+                pc = t.target
+            elif isinstance(t, Branch):
+                pc = t.true if _truthy(env[t.cond]) else t.false
+            elif isinstance(t, PushJump):
+                pc_stack.append(t.ret)
+                trace.max_depth = max(trace.max_depth, len(pc_stack))
+                if max_depth is not None and len(pc_stack) > max_depth:
+                    raise Stop
+                pc = t.target
+            elif isinstance(t, Fork) and not forks:
+                pc = t.seq
+            elif isinstance(t, Fork):
+                # A fresh lane's other registers are never read before written (liveness).
+                children = [lane(c.target, {**env, **{p: env[a] for p, a in zip(c.params, c.args)}})
+                            for c in t.calls]
+                pc = t.join
+            else:
+                pc = pc_stack.pop() if prog.has_calls else halt
+        return env
+
+    try:
+        trace.result = lane(prog.entry_block, env).get(prog.result)
+    except Stop:
+        trace.finished = False
     return trace

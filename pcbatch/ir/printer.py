@@ -13,6 +13,8 @@ from pcbatch.ir.core import (
     Block,
     Branch,
     Call,
+    Fork,
+    Join,
     Jump,
     Op,
     Peek,
@@ -60,6 +62,8 @@ def _format_op(op: Op, names: _Names) -> str:
         return f"{outs} = {text}" if op.outs else text
     if isinstance(op, Call):
         return f"{names(op.out)} = call {op.callee}({', '.join(names(a) for a in op.args)})"
+    if isinstance(op, Join):
+        return f"{', '.join(names(v, typed=True) for v in op.outs)} = join {', '.join(names(r) for r in op.rets)}"
     kind = {Push: "push", Pop: "pop", Peek: "peek", Update: "update"}[type(op)]
     return f"{kind} {names(op.var)}"
 
@@ -73,6 +77,12 @@ def _format_term(term: Terminator, names: _Names) -> str:
         return f"pushjump b{term.target}, return to b{term.ret}"
     if isinstance(term, Return):
         return f"return {names(term.value)}" if term.value is not None else "return"
+    if isinstance(term, Fork):
+        def child(c) -> str:
+            if isinstance(c, Call):
+                return f"{names(c.out)} = {c.callee}({', '.join(names(a) for a in c.args)})"
+            return f"b{c.target}({', '.join(f'{names(p)}={names(a)}' for p, a in zip(c.params, c.args))})"
+        return f"fork [{'; '.join(child(c) for c in term.calls)}] join b{term.join}, else sequential b{term.seq}"
     raise TypeError(term)
 
 

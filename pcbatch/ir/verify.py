@@ -5,6 +5,8 @@ from pcbatch.ir.core import (
     Block,
     STACK_OPS,
     Call,
+    Fork,
+    Join,
     Peek,
     Pop,
     Prim,
@@ -54,6 +56,14 @@ def verify_program(program: Program) -> None:
             _check(not isinstance(b.term, PushJump), f"{f.name}: PushJump in a Figure 2 program")
             if isinstance(b.term, Return):
                 _check(b.term.value is not None, f"{f.name}: Return without a value")
+            if isinstance(b.term, Fork):
+                outs = [c.out for c in b.term.calls]
+                _check(len(set(outs)) == len(outs), f"{f.name}: a Fork assigns one variable twice")
+                for c in b.term.calls:
+                    _check(isinstance(c, Call) and c.callee in arity and len(c.args) == arity[c.callee],
+                           f"{f.name}: bad Fork call {c}")
+                    _check(not set(c.args) & set(outs), f"{f.name}: a Fork call reads another's result")
+                    defined.add(c.out)
         for b in f.blocks:
             for v in [r for op in b.ops for r in op_reads(op)] + list(term_reads(b.term)):
                 _check(v in defined, f"{f.name} reads {v}, which nothing defines")
@@ -79,6 +89,11 @@ def verify_stack_program(prog: StackProgram) -> None:
                        f"b{i}: stack {stack} needs more than one read then one write")
         if isinstance(b.term, Return):
             _check(b.term.value is None, "stack-program Return carries a value")
+        if isinstance(b.term, Fork):
+            _check(prog.blocks[b.term.join].ops and isinstance(prog.blocks[b.term.join].ops[0], Join),
+                   f"b{i}: a Fork's join block must start with a Join")
+            for c in b.term.calls:
+                _check(0 <= c.target < prog.num_blocks, f"b{i} spawns missing block b{c.target}")
     if prog.var_class:
         for b in prog.blocks:
             for op in b.ops:

@@ -6,13 +6,15 @@
   the continuation block starts with `out = f.ret`;
 * `return v` becomes `f.ret = v; Return`;
 * a self call in tail position becomes a plain jump (no pc push, no stack);
+* a `Fork` spawns each callee's entry with its (non-constant) parameters, and
+  its join block starts with a `Join` of the callees' return values;
 * assignments of machine constants are hoisted into the prelude.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pcbatch.ir.core import Block, Branch, Call, Jump, Op, Prim, Program, PushJump, Return
+from pcbatch.ir.core import Block, Branch, Call, Fork, Join, Jump, Op, Prim, Program, PushJump, Return, Spawn
 from pcbatch.lower.constants import qualify
 
 
@@ -52,8 +54,12 @@ def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
         layout[f.name] = starts
     for f in program.functions:
         starts = layout[f.name]
+        joins = {b.term.join: b.term.calls for b in f.blocks if isinstance(b.term, Fork)}
         for bi, b in enumerate(f.blocks):
             ops: list[Op] = []
+            if bi in joins:
+                ops.append(Join(tuple(qualify(f.name, c.out) for c in joins[bi]),
+                                tuple(ret_var(c.callee) for c in joins[bi])))
             index = starts[bi]
             label = f"{f.name}.{b.label}"
             loc = b.loc
@@ -99,6 +105,14 @@ def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
                 term = Jump(starts[term.target])
             elif isinstance(term, Branch):
                 term = Branch(qualify(f.name, term.cond), starts[term.true], starts[term.false], term.loc)
+            elif isinstance(term, Fork):
+                spawns = []
+                for c in term.calls:
+                    callee = program.function(c.callee)
+                    pairs = [(qualify(callee.name, p), qualify(f.name, a)) for p, a in zip(callee.params, c.args)
+                             if qualify(callee.name, p) not in consts]
+                    spawns.append(Spawn(m.entry_of[callee.name], tuple(p for p, _ in pairs), tuple(a for _, a in pairs)))
+                term = Fork(tuple(spawns), starts[term.join], starts[term.seq], term.loc)
             m.blocks.append(Block(label, tuple(ops), term, loc))
             m.block_function.append(f.name)
     return m

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pcbatch.ir.core import Block, Branch, Prim, op_reads, op_writes, term_reads
+from pcbatch.ir.core import Block, Branch, Fork, Join, Prim, op_reads, op_writes, term_reads
 
 
 def is_copy(op) -> bool:
@@ -69,7 +69,14 @@ def coalesce_copies(blocks: tuple[Block, ...], live_out: list[set[str]], keep: s
                 op = replace(op, ins=tuple(map(name, op.ins)), outs=tuple(map(name, op.outs)))
                 if copy and op.ins == op.outs:
                     continue
+            elif isinstance(op, Join):
+                op = replace(op, outs=tuple(map(name, op.outs)))
             ops.append(op)
-        term = replace(b.term, cond=name(b.term.cond)) if isinstance(b.term, Branch) else b.term
+        term = b.term
+        if isinstance(term, Branch):
+            term = replace(term, cond=name(term.cond))
+        elif isinstance(term, Fork):
+            term = replace(term, calls=tuple(replace(c, params=tuple(map(name, c.params)), args=tuple(map(name, c.args)))
+                                             for c in term.calls))
         out.append(replace(b, ops=tuple(ops), term=term))
     return tuple(out)

@@ -5,7 +5,7 @@ from dataclasses import replace
 from typing import Any
 
 from pcbatch.ir.cfg import reachable, renumber
-from pcbatch.ir.core import CONSTANT, STACKED, Prim, Program, StackProgram
+from pcbatch.ir.core import CONSTANT, STACKED, Join, Prim, Program, StackProgram
 from pcbatch.ir.verify import verify_stack_program
 from pcbatch.lower.calls import merge_functions, ret_var
 from pcbatch.lower.coalesce import coalesce_copies
@@ -49,7 +49,9 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     succ = block_successors(blocks)
     at_exit = exit_live(blocks, block_function, ret_var)
     params_of = {f.name: tuple(qualify(f.name, p) for p in f.params) for f in program.functions}
-    keep_names = {ret_var(entry_fn.name)} | set(params_of[program.entry]) | set(consts)
+    # Return values a Join reads from children's lanes: never renamed, always stored.
+    joined = {r for b in blocks for op in b.ops if isinstance(op, Join) for r in op.rets}
+    keep_names = {ret_var(entry_fn.name)} | set(params_of[program.entry]) | set(consts) | joined
     live_in = liveness(blocks, succ, at_exit, call_sites(blocks, block_function, params_of))
     live_out = [set(at_exit.get(i, ())).union(*(live_in[s] for s in succ[i])) for i in range(len(blocks))]
     blocks = coalesce_copies(blocks, live_out, keep_names)
@@ -61,7 +63,7 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     result = ret_var(entry_fn.name)
     inputs = {p for p, shared in zip(entry_params, shared_inputs) if shared}
     live_in = liveness(blocks, succ, at_exit)
-    keep = {result} | {p for p in entry_params if p not in consts}
+    keep = {result} | {p for p in entry_params if p not in consts} | joined
     classes = classify(blocks, live_in, set(consts), keep)
     crossing = frozenset(set().union(*live_in) | keep) - set(consts)
     prelude = _order_prelude(m.prelude, consts, inputs)

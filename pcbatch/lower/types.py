@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from pcbatch.errors import Loc, TypeMismatchError, UnsupportedSyntaxError
-from pcbatch.ir.core import Branch, Prim, StackProgram
+from pcbatch.ir.core import Branch, Fork, Join, Prim, StackProgram
 from pcbatch.ir.printer import format_type
 
 
@@ -58,6 +58,11 @@ def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, An
     origin: dict[str, Loc | None] = {v: None for v in input_types}
     cache: dict[tuple, tuple] = {}
     ops: list[Prim] = list(prog.prelude) + [op for b in prog.blocks for op in b.ops if isinstance(op, Prim)]
+    # A Fork's parameter assignments and a Join's results type like copies.
+    for b in prog.blocks:
+        if isinstance(b.term, Fork):
+            ops += [Prim(c.params, c.args, lambda *xs: xs, "", b.term.loc) for c in b.term.calls if c.params]
+        ops += [Prim(op.outs, op.rets, lambda *xs: xs, "", b.loc) for op in b.ops if isinstance(op, Join)]
 
     def assign(var: str, t: Any, loc: Loc | None) -> bool:
         if var not in types:

@@ -11,8 +11,8 @@ read-only too (XLA copies every result a branch passes through unchanged);
 after it, one `lax.cond` per group of them with the same writer blocks re-runs
 the chosen block when it writes them.
 
-Lanes and examples are distinct: today lane i runs example i; fork-join will
-add lanes that run calls on behalf of an example.
+Here lane i runs example i. Programs with forks run on the lane pool of
+`pool.py` instead, where extra lanes run calls on behalf of an example.
 """
 from __future__ import annotations
 
@@ -47,15 +47,17 @@ PC = "<pc>"  # the program-counter stack, handled like a variable's stack
 
 
 class Status(NamedTuple):
-    """How each lane ended: `overflow` (recursion deeper than the stacks),
-    `unfinished` (still running when `max_steps` ran out), the final pc, and
-    the number of VM steps taken."""
+    """How each example ended: `overflow` (recursion deeper than the stacks),
+    `unfinished` (still running when `max_steps` ran out), the final pc, the
+    number of VM steps taken, the blocks each example's root lane ran, and the
+    most lanes in use at once (fork-join; otherwise the batch size)."""
 
     overflow: jax.Array
     unfinished: jax.Array
     pc: jax.Array
     steps: jax.Array
     blocks_run: jax.Array
+    peak_lanes: jax.Array
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class MachineConfig:
     max_stack_depth: int
     max_steps: int | None
     scheduler: Scheduler
+    max_lanes: int | None = None  # fork-join: the lane pool (default: the batch)
+    lane_width: int | None = None  # fork-join: most lanes one step runs (default: the pool)
 
 
 def _zeros(t: Any, lead: tuple[int, ...]) -> Any:
@@ -289,7 +293,8 @@ class Machine:
         final = lax.while_loop(cond, body, self.init(batched_inputs))
         result = final["regs"][self.prog.result]
         pc = final["pc"]
-        status = Status(pc == self.overflowed, pc < halt, pc, final["steps"], final["depth"])
+        status = Status(pc == self.overflowed, pc < halt, pc, final["steps"], final["depth"],
+                        jnp.asarray(self.lanes, jnp.int32))
         return result, status
 
 
@@ -298,4 +303,8 @@ def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, conf
     with a leading lane axis for batched parameters, as-is for constants."""
     consts = eval_prelude(prog, inputs)
     batched = {v: x for v, x in inputs.items() if prog.var_class.get(v) != CONSTANT}
+    if prog.has_forks:
+        from pcbatch.runtime.pool import PoolMachine
+
+        return PoolMachine(prog, num_lanes, config).run(consts, batched)
     return Machine(prog, num_lanes, config).run(consts, batched)

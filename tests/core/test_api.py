@@ -293,7 +293,11 @@ def test_trace_has_one_entry_per_example():
     assert [int(t.result) for t in traces] == [0, 5, 1]  # fib(0), fib(5), fib(2)
     # fib(5) makes 15 calls, fib(2) 3, fib(0) 1: more work means more blocks run
     assert len(traces[0].blocks) < len(traces[2].blocks) < len(traces[1].blocks)
-    assert traces[0].max_depth < traces[2].max_depth < traces[1].max_depth
+    # With fork-join every call runs in a lane of its own: no lane recurses.
+    assert all(t.max_depth == 1 for t in traces)
+    sequential = fib.with_options(fork=False).trace(np.asarray([0, 5, 2], np.int32))
+    assert [int(t.result) for t in sequential] == [0, 5, 1]
+    assert sequential[0].max_depth < sequential[2].max_depth < sequential[1].max_depth
 
 
 def test_reference_runs_original_python():

@@ -7,7 +7,7 @@ import pcbatch
 import pcbatch.fsm as fsm
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=False)  # the host simulation models one lane per example
 def fib(n):
     if n <= 1:
         return n

@@ -9,7 +9,7 @@ from pcbatch.ir import verify_program
 from pcbatch.ir.cfg import simplify
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=False)
 def fib(n):
     if n <= 1:
         return n

@@ -8,7 +8,7 @@ import pcbatch
 from pcbatch.ir import Peek, Pop, Push, PushJump, Update
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=False)  # the sequential lowering of Radul et al. Fig. 3
 def fib(n):
     if n <= 1:
         return n
@@ -36,7 +36,7 @@ def gcd(a, b):
     return gcd(b, a % b)
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=False)
 def three_calls(n):
     if n <= 0:
         return 1
