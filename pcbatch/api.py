@@ -19,11 +19,15 @@ from pcbatch.ir.core import Program, StackProgram
 from pcbatch.ir.interpret import Trace, run_stack_program
 from pcbatch.lower import lower, specialize
 from pcbatch.runtime import MachineConfig, Status, run_machine
+from pcbatch.runtime.machine import new_workspace
 
 tree_util = jax.tree_util
 
-# Fork-join defaults, from benchmarks/treelstm.py (see benchmarks/README.md).
-DEFAULT_LANES_PER_EXAMPLE = 8
+# Fork-join defaults, from benchmarks/treelstm.py (see benchmarks/README.md):
+# lanes per example, capped so the stacks (every lane has max_stack_depth
+# frames) stay within a budget; lanes one step may run.
+DEFAULT_LANES_PER_EXAMPLE = 32
+DEFAULT_STACK_BUDGET_BYTES = 1 << 30
 DEFAULT_WIDTH_PER_EXAMPLE = 8
 DEFAULT_MIN_WIDTH = 64
 
@@ -50,7 +54,7 @@ class Autobatched:
     """
 
     def __init__(self, fn: Callable, *, in_axes: Any = 0, max_stack_depth: int = 64,
-                 max_steps: int | None = None, schedule: Any = "earliest", fork: bool = True,
+                 max_steps: int | None = None, schedule: Any = "auto", fork: bool = True,
                  max_lanes: int | None = None, lane_width: int | None = None):
         if not callable(fn):
             raise TypeError(f"pcbatch.autobatch expects a function, got {fn!r}")
@@ -73,6 +77,9 @@ class Autobatched:
         self._program: Program | None = None
         self._lowered: dict[tuple[bool, ...], StackProgram] = {}
         self._compiled: dict[Any, tuple[StackProgram, Callable]] = {}
+        # The last call's stacks per signature, donated to the next call: stacks
+        # are never read before written, so reusing them skips a zero fill.
+        self._workspaces: dict[Any, Any] = {}
         self.trace_count = 0  # machines traced so far; a cache hit does not add one
 
     def __repr__(self) -> str:
@@ -90,7 +97,7 @@ class Autobatched:
         """The stack program (Figure 4) for these arguments, with each variable's
         class (temporary / register / stacked / constant), type and stack shape."""
         prog, _, _, batch = self._prepare(args)
-        return dataclasses.replace(prog, lanes=batch, stack_depth=self.max_stack_depth)
+        return dataclasses.replace(prog, lanes=self._config(prog, batch)[0], stack_depth=self.max_stack_depth)
 
     # --- calling ---------------------------------------------------------
 
@@ -226,21 +233,41 @@ class Autobatched:
                      for p, v, s in zip(prog.entry_params, values, shared)}
             with _context.in_building():
                 prog = specialize(prog, types)
-            self._compiled[key] = (prog, jax.jit(functools.partial(self._machine, prog, batch)))
+            runner = jax.jit(functools.partial(self._machine, prog, batch), donate_argnums=(1,))
+            self._compiled[key] = (prog, runner)
         prog, runner = self._compiled[key]
         return prog, runner, dict(zip(prog.entry_params, values)), batch
 
-    def _machine(self, prog: StackProgram, batch: int, inputs: dict[str, Any]) -> tuple[Any, Status]:
+    def _config(self, prog: StackProgram, batch: int) -> tuple[int, MachineConfig]:
+        """Machine lanes and settings for a batch (the lane pool only matters with forks)."""
+        if not prog.has_forks:
+            lanes = batch
+        elif self.max_lanes is not None:
+            lanes = max(self.max_lanes, batch)
+        else:
+            frame = 4 + sum(x.size * x.dtype.itemsize for s in set(prog.stack_of.values())
+                            for x in tree_util.tree_leaves(prog.var_types[min(v for v, t in prog.stack_of.items() if t == s)]))
+            affordable = DEFAULT_STACK_BUDGET_BYTES // (frame * self.max_stack_depth)
+            lanes = max(batch, min(DEFAULT_LANES_PER_EXAMPLE * batch, affordable))
+        width = self.lane_width or max(DEFAULT_MIN_WIDTH, DEFAULT_WIDTH_PER_EXAMPLE * batch)
+        return lanes, MachineConfig(self.max_stack_depth, self.max_steps, self.scheduler, lanes, width)
+
+    def _machine(self, prog: StackProgram, batch: int, inputs: dict[str, Any], workspace: Any) -> tuple[Any, Status, Any]:
         self.trace_count += 1
-        lanes = self.max_lanes or DEFAULT_LANES_PER_EXAMPLE * batch
-        config = MachineConfig(self.max_stack_depth, self.max_steps, self.scheduler, lanes,
-                               self.lane_width or max(DEFAULT_MIN_WIDTH, DEFAULT_WIDTH_PER_EXAMPLE * batch))
         with _context.in_building():
-            return run_machine(prog, inputs, batch, config)
+            return run_machine(prog, inputs, batch, self._config(prog, batch)[1], workspace)
 
     def _run(self, args: Sequence[Any]) -> tuple[Any, Status, StackProgram, int]:
         prog, runner, inputs, batch = self._prepare(args)
-        result, status = runner(inputs)
+        key = runner
+        tracing = any(_is_tracer(x) for x in tree_util.tree_leaves(inputs))
+        workspace = None if tracing else self._workspaces.pop(key, None)
+        if workspace is None:
+            lanes, config = self._config(prog, batch)
+            workspace = new_workspace(prog, batch, config)
+        result, status, workspace = runner(inputs, workspace)
+        if not tracing:
+            self._workspaces[key] = workspace
         return result, status, prog, batch
 
     def _checked_in_trace(self, result: Any, status: Status) -> Any:
@@ -281,7 +308,7 @@ class Autobatched:
 
 
 def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: int = 64,
-              max_steps: int | None = None, schedule: Any = "earliest", fork: bool = True,
+              max_steps: int | None = None, schedule: Any = "auto", fork: bool = True,
               max_lanes: int | None = None, lane_width: int | None = None) -> Any:
     """Batch a single-example function (recursion and control flow included).
 
@@ -292,12 +319,15 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
         `None` (shared by the whole batch, e.g. parameters); pytrees allowed.
       max_stack_depth: deepest recursion (active frames) any example may reach.
       max_steps: bound on machine steps; `None` means unbounded.
-      schedule: `"earliest"` or a scheduler object (see `pcbatch.fsm`).
+      schedule: `"auto"` (earliest block first; with forks, returning blocks
+        last), `"earliest"`, `"depth"`, `"agenda"`, or a scheduler object such
+        as a learned `pcbatch.fsm.Policy` (see `pcbatch.fsm`).
       fork: run independent calls (`f(l) + f(r)`) at once in lanes of their own,
         so a tree is processed level by level, not node by node. `False`: one
         lane per example, calls one after another.
-      max_lanes: the fork-join lane pool (default 8 per example); when it runs
-        out, calls run sequentially in the caller's lane (slower, same result).
+      max_lanes: the fork-join lane pool (default 32 per example, fewer if the
+        stacks, `max_stack_depth` frames per lane, would pass 1 GiB); when it
+        runs out, calls run sequentially in the caller's lane (slower, same result).
       lane_width: most lanes one VM step runs (default 8 per example, at least 64).
 
     >>> import jax.numpy as jnp, pcbatch

@@ -15,7 +15,7 @@ Colours are tied to block indices, the same in every plot: block ``b`` has
 `block_colour(b)`.
 
 >>> import jax.numpy as jnp, pcbatch, pcbatch.fsm as fsm, pcbatch.viz as viz
->>> @pcbatch.autobatch
+>>> @pcbatch.autobatch(fork=False)
 ... def fib(n):
 ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
 >>> x = jnp.array([3, 7, 4, 5])
@@ -84,7 +84,7 @@ def block_labels(prog: StackProgram) -> list[str]:
     for the ``block_names`` argument of the plots.
 
     >>> import jax.numpy as jnp, pcbatch, pcbatch.viz as viz
-    >>> @pcbatch.autobatch
+    >>> @pcbatch.autobatch(fork=False)
     ... def fib(n):
     ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
     >>> viz.block_labels(fib.lowered(jnp.array([3, 4])))[0]
@@ -119,7 +119,7 @@ def schedule_gantt(
     block of the program gets a row, used or not.
 
     >>> import jax.numpy as jnp, pcbatch, pcbatch.fsm as fsm, pcbatch.viz as viz
-    >>> @pcbatch.autobatch
+    >>> @pcbatch.autobatch(fork=False)
     ... def fib(n):
     ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
     >>> x = jnp.array([3, 7, 4, 5])
@@ -170,7 +170,7 @@ def compare_schedules(
     `lower_bound` (`fsm.lower_bound(graph)`) is drawn as a dashed line.
 
     >>> import jax.numpy as jnp, pcbatch, pcbatch.fsm as fsm, pcbatch.viz as viz
-    >>> @pcbatch.autobatch
+    >>> @pcbatch.autobatch(fork=False)
     ... def fib(n):
     ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
     >>> graph = fsm.record(fib, jnp.array([3, 7, 4, 5]))
@@ -221,7 +221,7 @@ def utilization(
     Pass `ax` (and `label`) to overlay several schedules.
 
     >>> import jax.numpy as jnp, pcbatch, pcbatch.fsm as fsm, pcbatch.viz as viz
-    >>> @pcbatch.autobatch
+    >>> @pcbatch.autobatch(fork=False)
     ... def fib(n):
     ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
     >>> schedule = fsm.simulate(fsm.record(fib, jnp.array([3, 7, 4, 5])), fsm.get_scheduler("earliest"))
@@ -282,7 +282,7 @@ def frontier_size(
     `schedule` on `graph`.  Pass `ax` (and `label`) to overlay schedules.
 
     >>> import jax.numpy as jnp, pcbatch, pcbatch.fsm as fsm, pcbatch.viz as viz
-    >>> @pcbatch.autobatch
+    >>> @pcbatch.autobatch(fork=False)
     ... def fib(n):
     ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
     >>> graph = fsm.record(fib, jnp.array([3, 7, 4, 5]))
@@ -344,7 +344,7 @@ def policy_graph(
     `only_visited` keeps just the states on that replay.
 
     >>> import jax.numpy as jnp, pcbatch, pcbatch.fsm as fsm, pcbatch.viz as viz
-    >>> @pcbatch.autobatch
+    >>> @pcbatch.autobatch(fork=False)
     ... def fib(n):
     ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
     >>> policy = fsm.learn(fib, jnp.arange(6), trials=20, progress=False)

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=False)  # fsm.record models one chain of blocks per example
 def fib(n):
     if n <= 1:
         return n

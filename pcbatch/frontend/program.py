@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from pcbatch.frontend.converter import convert_function
 from pcbatch.frontend.forks import form_forks
-from pcbatch.ir.cfg import closure
+from pcbatch.ir.cfg import closure, duplicate_return_tails
 from pcbatch.ir.core import Call, Program
 from pcbatch.ir.verify import verify_program
 
@@ -47,6 +48,10 @@ def build_program(entry: Callable, unwrap: Callable[[Any], Optional[Callable]], 
     calls = {f.name: {op.callee for b in f.blocks for op in b.ops if isinstance(op, Call)} for f in functions}
     live = closure([entry_name], calls.__getitem__)
     kept = tuple(f for f in functions if f.name in live)
-    program = Program(tuple(form_forks(f) for f in kept) if fork else kept, entry_name)
+    if fork:
+        # Tails are duplicated only here: along a fork path a step saved per
+        # tree level outweighs the lost sharing; one lane per example gains little.
+        kept = tuple(replace(f, blocks=duplicate_return_tails(form_forks(f).blocks)) for f in kept)
+    program = Program(kept, entry_name)
     verify_program(program)
     return program

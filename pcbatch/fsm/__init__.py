@@ -1,11 +1,12 @@
 """Schedulers: which block the machine runs next.
 
-`"earliest"` (Radul et al.), `"depth"` and `"agenda"` (the DyNet/Fold
+`"auto"` (the default: `"earliest"`, or `"returns_last"` for programs with
+forks), `"earliest"` (Radul et al.), `"depth"` and `"agenda"` (the DyNet/Fold
 baselines) by name, or a learned `Policy` (ED-Batch's finite state machine over
 the set of blocks on the frontier):
 
 >>> import jax.numpy as jnp, pcbatch, pcbatch.fsm
->>> @pcbatch.autobatch
+>>> @pcbatch.autobatch(fork=False)
 ... def fib(n):
 ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
 >>> policy = pcbatch.fsm.learn(fib, jnp.arange(8), trials=50, progress=False)
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pcbatch.fsm.base import Frontier, Scheduler
+from pcbatch.fsm.base import Auto, Frontier, ReturnsLast, Scheduler
 from pcbatch.fsm.baselines import BASELINES, Agenda, Depth, Earliest
 from pcbatch.fsm.graph import ExecGraph, lower_bound
 from pcbatch.fsm.policy import Policy
@@ -27,9 +28,10 @@ from pcbatch.fsm.simulate import Schedule, Simulation, simulate
 def get_scheduler(schedule: Any) -> Scheduler:
     """A scheduler from its name, or the scheduler object itself."""
     if isinstance(schedule, str):
-        if schedule not in BASELINES:
-            raise ValueError(f"unknown schedule {schedule!r}; choose from {sorted(BASELINES)} or pass a scheduler")
-        return BASELINES[schedule]()
+        named = {**BASELINES, "auto": Auto, "returns_last": ReturnsLast}
+        if schedule not in named:
+            raise ValueError(f"unknown schedule {schedule!r}; choose from {sorted(named)} or pass a scheduler")
+        return named[schedule]()
     if not hasattr(schedule, "choose") or not hasattr(schedule, "init"):
         raise TypeError(f"schedule must be a name or have init() and choose(); got {schedule!r}")
     return schedule
@@ -37,8 +39,12 @@ def get_scheduler(schedule: Any) -> Scheduler:
 
 def record(f: Any, *sample_args: Any) -> ExecGraph:
     """What the autobatched `f` executes on a sample batch, as an `ExecGraph`
-    (one chain of blocks per example), from the reference tracer."""
+    (one chain of blocks per example), from the reference tracer. Programs
+    with forks are not supported yet."""
     prog = f.lowered(*sample_args)
+    if prog.has_forks:
+        raise ValueError(f"{f!r} forks: its examples run as trees of lanes, which the execution graph "
+                         "(one chain per example) cannot record yet; learn on f.with_options(fork=False).")
     return ExecGraph.from_chains([t.blocks for t in f.trace(*sample_args)], prog.num_blocks)
 
 
@@ -55,6 +61,6 @@ def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000,
 
 
 __all__ = [
-    "Agenda", "Depth", "Earliest", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule", "Scheduler",
+    "Agenda", "Auto", "Depth", "Earliest", "ReturnsLast", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule", "Scheduler",
     "Simulation", "get_scheduler", "learn", "learn_from_graphs", "lower_bound", "record", "simulate",
 ]

@@ -50,3 +50,56 @@ class Earliest:
 
     def __repr__(self) -> str:
         return "Earliest()"
+
+
+class ReturnsLast:
+    """The earliest ready block that does not end in a return; a returning
+    block only when nothing else is ready. With fork-join this starts
+    children as early as possible and lets finished work (leaves, joins)
+    pile up to be run together: about 3 steps per tree level for a TreeLSTM,
+    where earliest-block takes about 4."""
+
+    name = "returns_last"
+
+    def __init__(self, returns: tuple[bool, ...] | None = None):
+        self.returns = returns
+
+    def for_program(self, prog: Any) -> "ReturnsLast":
+        from pcbatch.ir.core import Return
+
+        return ReturnsLast(tuple(isinstance(b.term, Return) for b in prog.blocks))
+
+    def init(self, num_blocks: int, num_lanes: int) -> Any:
+        return ()
+
+    def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:
+        n = frontier.counts.shape[0]
+        later = jnp.asarray(self.returns if self.returns is not None else (False,) * n) * n
+        key = jnp.where(frontier.counts > 0, jnp.arange(n) + later, 2 * n)
+        return jnp.argmin(key).astype(jnp.int32), carry
+
+    def __repr__(self) -> str:
+        return "ReturnsLast()"
+
+
+class Auto:
+    """The default: `Earliest` for programs without forks, `ReturnsLast` with them."""
+
+    name = "auto"
+
+    def for_program(self, prog: Any) -> Any:
+        return ReturnsLast().for_program(prog) if prog.has_forks else Earliest()
+
+    def init(self, num_blocks: int, num_lanes: int) -> Any:
+        return ()
+
+    def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:
+        return Earliest().choose(carry, frontier)
+
+    def __repr__(self) -> str:
+        return "Auto()"
+
+
+def bind(scheduler: Any, prog: Any) -> Any:
+    """The scheduler specialised to a program, for those that look at it."""
+    return scheduler.for_program(prog) if hasattr(scheduler, "for_program") else scheduler

@@ -1,6 +1,7 @@
 """The block IR: types, printer, verifier and reference interpreters."""
 from pcbatch.ir.core import (
     CONSTANT,
+    INVARIANT,
     REGISTER,
     STACKED,
     TEMPORARY,
@@ -23,7 +24,7 @@ from pcbatch.ir.interpret import Trace, run_program, run_stack_program
 from pcbatch.ir.verify import IRError, verify_program, verify_stack_program
 
 __all__ = [
-    "CONSTANT", "REGISTER", "STACKED", "TEMPORARY", "Block", "Branch", "Call", "Function", "IRError", "Jump",
+    "CONSTANT", "INVARIANT", "REGISTER", "STACKED", "TEMPORARY", "Block", "Branch", "Call", "Function", "IRError", "Jump",
     "Peek", "Pop", "Prim", "Program", "Push", "PushJump", "Return", "StackProgram", "Trace", "Update", "run_program",
     "run_stack_program", "verify_program", "verify_stack_program",
 ]

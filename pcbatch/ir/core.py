@@ -196,6 +196,7 @@ class Program:
 
 
 TEMPORARY, REGISTER, STACKED, CONSTANT = "temporary", "register", "stacked", "constant"
+INVARIANT = "invariant"  # fixed for one example's whole run: computed once per example
 
 
 @dataclass(frozen=True)
@@ -203,9 +204,11 @@ class StackProgram:
     """Figure 4: one merged block list run by the machine.
 
     `prelude` ops compute machine constants (values that are the same for every
-    lane at every step: shared inputs and what is computed from them) once,
-    before the loop. `var_class` maps every variable to one of TEMPORARY,
-    REGISTER, STACKED or CONSTANT. `var_types` maps every non-temporary
+    lane at every step: shared inputs and what is computed from them) and
+    per-example invariants (INVARIANT: batched inputs every call passes on
+    unchanged, and what is computed from them) once, before the loop.
+    `var_class` maps every variable to one of TEMPORARY, REGISTER, STACKED,
+    CONSTANT or INVARIANT. `var_types` maps every non-temporary
     variable to a pytree of `jax.ShapeDtypeStruct` (per example), filled in by
     type inference. `entry_params` get the machine's inputs; `result` holds the
     answer when a lane halts.

@@ -7,6 +7,7 @@ import jax
 
 from pcbatch.ir.core import (
     CONSTANT,
+    INVARIANT,
     REGISTER,
     STACKED,
     TEMPORARY,
@@ -110,7 +111,7 @@ def format_stack_program(prog: StackProgram) -> str:
     types = prog.var_types
     out = [f"stack program: {prog.num_blocks} blocks, entry b{prog.entry_block}, result {prog.result}"]
     out.append(f"  inputs: {', '.join(prog.entry_params)}")
-    for cls in (CONSTANT, STACKED, REGISTER, TEMPORARY):
+    for cls in (CONSTANT, INVARIANT, STACKED, REGISTER, TEMPORARY):
         vs = prog.vars_of_class(cls)
         if vs:
             shown = ", ".join(_Names(None, types)(v, typed=cls != TEMPORARY) for v in vs)
@@ -127,7 +128,7 @@ def format_stack_program(prog: StackProgram) -> str:
                                for l in leaves)
             out.append(f"    stack {name} ({', '.join(members)}): {shapes}")
     if prog.prelude:
-        out.append("  prelude (once, before the loop):")
+        out.append("  prelude (before the loop: once, or once per example for invariants):")
         out += [f"    {_format_op(op, _Names(None, types))}" for op in prog.prelude]
     for i, block in enumerate(prog.blocks):
         owner = prog.block_function[i] if prog.block_function else None

@@ -4,7 +4,8 @@ Shared inputs (`in_axes=None`, e.g. model parameters) are constants, and so is
 anything computed only from constants by a variable's single assignment
 (`W = params["W"]`). A parameter is a constant when every call passes it the
 same constant (`enc(params, left)` inside `enc`). Constants are computed once,
-before the loop, and never stored per lane or on a stack.
+before the loop, and never stored per lane or on a stack; per-example
+constants (`find_invariants`) once per example.
 """
 from __future__ import annotations
 
@@ -58,6 +59,18 @@ def find_constants(program: Program, shared_inputs: tuple[bool, ...]) -> dict[st
             return dict(const)
         for v in unresolved:
             del const[v]
+
+
+def find_invariants(program: Program, shared_inputs: tuple[bool, ...]) -> dict[str, str]:
+    """Per-example constants that are not machine constants: values fixed for
+    the whole run of one example (a tree passed unchanged to every recursive
+    call, or a value
+    computed only from such, like `n = tree.num_nodes`), by the same analysis with every input treated
+    as fixed. They are computed once per example and never stored per lane or
+    saved on a stack."""
+    fixed = find_constants(program, (True,) * len(shared_inputs))
+    consts = find_constants(program, shared_inputs)
+    return {v: o for v, o in fixed.items() if v not in consts}
 
 
 def _demote(const, params, defs, call_args, entry) -> None:

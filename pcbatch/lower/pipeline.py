@@ -5,11 +5,11 @@ from dataclasses import replace
 from typing import Any
 
 from pcbatch.ir.cfg import reachable, renumber
-from pcbatch.ir.core import CONSTANT, STACKED, Join, Prim, Program, StackProgram
+from pcbatch.ir.core import CONSTANT, INVARIANT, STACKED, Join, Prim, Program, StackProgram
 from pcbatch.ir.verify import verify_stack_program
 from pcbatch.lower.calls import merge_functions, ret_var
 from pcbatch.lower.coalesce import coalesce_copies
-from pcbatch.lower.constants import find_constants, qualify
+from pcbatch.lower.constants import find_constants, find_invariants, qualify
 from pcbatch.lower.liveness import block_successors, classify, exit_live, liveness
 from pcbatch.lower.stacks import call_sites, eliminate_pop_push, insert_saves, share_stacks, stack_conflicts
 from pcbatch.lower.types import infer_types, type_key
@@ -37,7 +37,9 @@ def _order_prelude(prelude: list[Prim], consts: dict[str, str], inputs: set[str]
 def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     """Merge, stack and classify; `shared_inputs[k]` says the entry's k-th
     argument is the same for the whole batch (`in_axes=None`)."""
-    consts = find_constants(program, shared_inputs)
+    machine_consts = find_constants(program, shared_inputs)
+    invariants = find_invariants(program, shared_inputs)
+    consts = {**machine_consts, **invariants}  # both are hoisted out of the loop
     m = merge_functions(program, consts)
     entry_fn = program.function(program.entry)
     entry_block = m.entry_of[program.entry]
@@ -61,13 +63,14 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
 
     entry_params = params_of[program.entry]
     result = ret_var(entry_fn.name)
-    inputs = {p for p, shared in zip(entry_params, shared_inputs) if shared}
+    inputs = {p for p in entry_params if p in consts}
     live_in = liveness(blocks, succ, at_exit)
     keep = {result} | {p for p in entry_params if p not in consts} | joined
     classes = classify(blocks, live_in, set(consts), keep)
     crossing = frozenset(set().union(*live_in) | keep) - set(consts)
     prelude = _order_prelude(m.prelude, consts, inputs)
-    classes.update({v: CONSTANT for v in consts})
+    classes.update({v: CONSTANT for v in machine_consts})
+    classes.update({v: INVARIANT for v in invariants})
     prog = StackProgram(blocks, entry_block, entry_params, result, prelude, classes, {}, block_function,
                         stack_conflicts(blocks), crossing=crossing)
     verify_stack_program(prog)

@@ -6,11 +6,6 @@ array and a stack pointer per lane. Each step a scheduler picks ONE block (an
 unbatched index); `lax.switch` runs only that block, for all lanes, and masks
 the update to the lanes waiting at it.
 
-Registers larger than `LARGE_REGISTER_BYTES` per lane enter the switch
-read-only too (XLA copies every result a branch passes through unchanged);
-after it, one `lax.cond` per group of them with the same writer blocks re-runs
-the chosen block when it writes them.
-
 Here lane i runs example i. Programs with forks run on the lane pool of
 `pool.py` instead, where extra lanes run calls on behalf of an example.
 """
@@ -23,9 +18,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pcbatch.fsm.base import Frontier, Scheduler
+from pcbatch.fsm.base import Frontier, Scheduler, bind
 from pcbatch.ir.core import (
     CONSTANT,
+    INVARIANT,
     REGISTER,
     STACKED,
     Branch,
@@ -42,7 +38,6 @@ from pcbatch.ir.core import (
 )
 
 tree_map = jax.tree_util.tree_map
-LARGE_REGISTER_BYTES = 256  # per lane
 PC = "<pc>"  # the program-counter stack, handled like a variable's stack
 
 
@@ -87,13 +82,24 @@ def _select(mask: jax.Array, new: Any, old: Any) -> Any:
     return tree_map(leaf, new, old)
 
 
-def eval_prelude(prog: StackProgram, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Machine constants: computed once, unbatched."""
+def eval_prelude(prog: StackProgram, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Machine constants, computed once and unbatched, and per-example
+    invariants, computed once per example (leading example axis)."""
     consts = {v: x for v, x in inputs.items() if prog.var_class.get(v) == CONSTANT}
+    inv = {v: x for v, x in inputs.items() if prog.var_class.get(v) == INVARIANT}
     for op in prog.prelude:
-        for v, x in zip(op.outs, op.fn(*(consts[i] for i in op.ins))):
-            consts[v] = _cast(x, prog.var_types[v], None)
-    return consts
+        batched = [i in inv for i in op.ins]
+        vals = [inv[i] if b else consts[i] for i, b in zip(op.ins, batched)]
+        if any(batched):
+            outs = jax.vmap(op.fn, in_axes=tuple(0 if b else None for b in batched))(*vals)
+        else:
+            outs = op.fn(*vals)
+        for v, x in zip(op.outs, outs):
+            if prog.var_class.get(v) == INVARIANT:
+                inv[v] = _cast(x, prog.var_types[v], None)  # an invariant has a per-example input
+            else:
+                consts[v] = _cast(x, prog.var_types[v], None)
+    return consts, inv
 
 
 class Machine:
@@ -104,33 +110,33 @@ class Machine:
         self.lanes = num_lanes
         self.depth = config.max_stack_depth
         self.max_steps = config.max_steps
-        self.scheduler = config.scheduler
+        self.scheduler = bind(config.scheduler, prog)
         self.halt = prog.num_blocks
         self.overflowed = prog.num_blocks + 1  # a halted lane whose recursion overflowed
         self.lane_ids = jnp.arange(num_lanes)
         # A lane slot for every value that crosses a block boundary; a stacked
         # variable that is only ever restored and used within one block needs none.
         self.stored = [v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing]
-        # Large registers are not results of the switch (XLA would copy them every
-        # step); after it, one lax.cond per group with the same writer blocks
-        # re-runs the chosen block when it writes them.
-        nbytes = {v: sum(l.size * l.dtype.itemsize for l in jax.tree_util.tree_leaves(prog.var_types[v]))
-                  for v in self.stored}
-        self.big = sorted(v for v in self.stored if nbytes[v] > LARGE_REGISTER_BYTES)
-        self.big_groups: dict[tuple[int, ...], list[str]] = {}
-        for v in self.big:
-            writers = tuple(b for b, blk in enumerate(prog.blocks) if any(v in op_writes(op) for op in blk.ops))
-            if writers:  # one that nothing writes (a large input) is only read
-                self.big_groups.setdefault(writers, []).append(v)
         # Stacked variables that are never saved at once share a stack (and its pointer).
         self.stack_of = {v: prog.stack_of.get(v, v) for v, c in prog.var_class.items() if c == STACKED}
         self.stacks = {}
         for v, s in sorted(self.stack_of.items()):
             self.stacks.setdefault(s, prog.var_types[v])
+        pushes = {s: [b for b, blk in enumerate(prog.blocks)
+                      if any(isinstance(op, (Push, Update)) and self.stack_of[op.var] == s for op in blk.ops)]
+                  for s in self.stacks}
+        self.stack_writers = {**pushes, PC: [b for b, blk in enumerate(prog.blocks) if isinstance(blk.term, PushJump)]}
 
     # --- state -----------------------------------------------------------
 
-    def init(self, batched_inputs: dict[str, Any]) -> dict[str, Any]:
+    def workspace_shapes(self) -> dict[str, Any]:
+        """The stacks: large, and never read before written, so the caller may
+        pass the previous call's (donated) instead of zero-filling new ones."""
+        L, D = self.lanes, self.depth
+        stacks = {s: tree_map(lambda x: jax.ShapeDtypeStruct((D, L) + x.shape, x.dtype), t) for s, t in self.stacks.items()}
+        return {"stacks": stacks, "pc_stack": jax.ShapeDtypeStruct((D, L), jnp.int32)}
+
+    def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any]) -> dict[str, Any]:
         L, D, types = self.lanes, self.depth, self.prog.var_types
         regs = {v: _zeros(types[v], (L,)) for v in self.stored}
         for v, x in batched_inputs.items():
@@ -139,14 +145,14 @@ class Machine:
         state = {
             "pc": jnp.full((L,), self.prog.entry_block, jnp.int32),
             "regs": regs,
-            "stacks": {s: _zeros(t, (D, L)) for s, t in self.stacks.items()},
+            "stacks": dict(workspace["stacks"]),
             "sps": {s: jnp.zeros((L,), jnp.int32) for s in self.stacks},
             "depth": jnp.zeros((L,), jnp.int32),
             "steps": jnp.zeros((), jnp.int32),
             "sched": self.scheduler.init(self.prog.num_blocks, L),
         }
         if self.prog.has_calls:
-            state["pc_stack"] = jnp.full((D, L), self.halt, jnp.int32)
+            state["pc_stack"] = workspace["pc_stack"].at[0].set(self.halt)
             state["pc_sp"] = jnp.ones((L,), jnp.int32)  # slot 0 holds the halt address
         return state
 
@@ -159,23 +165,22 @@ class Machine:
     # one in-place scatter. Lowering guarantees a block reads a stack (Pop/Peek)
     # at most once and before it writes it (Push/Update) at most once.
 
-    def block_fn(self, b: int, consts: dict[str, Any]):
+    def block_fn(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
         prog, block, types = self.prog, self.prog.blocks[b], self.prog.var_types
         L, D, lane_ids = self.lanes, self.depth, self.lane_ids
 
-        def run(lane_state: dict[str, Any], stacks: dict[str, Any], big: dict[str, Any]):
+        def run(lane_state: dict[str, Any], stacks: dict[str, Any]):
             lane_state = dict(lane_state)
             regs, sps = dict(lane_state["regs"]), dict(lane_state["sps"])
             active = lane_state["pc"] == b
-            # Stacks come in read-only; only the tops this block pops are gathered.
+            # `stacks` holds each stack's top per lane, not the stack.
             no_write = jnp.full((L,), D, jnp.int32)
             writes = {s: (no_write, _zeros(t, (L,))) for s, t in self.stacks.items()}
             if prog.has_calls:
                 writes[PC] = (no_write, jnp.zeros((L,), jnp.int32))
 
             def top(s: str) -> Any:
-                sp = lane_state["pc_sp"] if s == PC else lane_state["sps"][s]
-                return tree_map(lambda a: a[jnp.maximum(sp - 1, 0), lane_ids], stacks[s])
+                return stacks[s]  # the tops, gathered before the switch
             env: dict[str, Any] = {}
 
             def read(v: str) -> tuple[Any, bool]:
@@ -183,7 +188,9 @@ class Machine:
                     return env[v], True
                 if prog.var_class[v] == CONSTANT:
                     return consts[v], False
-                return (big[v] if v in big else regs[v]), True
+                if prog.var_class[v] == INVARIANT:
+                    return inv[v], True  # lane i runs example i
+                return regs[v], True
 
             for op in block.ops:
                 if isinstance(op, Prim):
@@ -208,7 +215,7 @@ class Machine:
                         sps[s] = sps[s] - active
             for v, x in env.items():
                 if v in regs:
-                    regs[v] = _select(active, x, regs[v])  # large registers: after the switch
+                    regs[v] = _select(active, x, regs[v])
 
             pc, term = lane_state["pc"], block.term
             if isinstance(term, Jump):
@@ -231,32 +238,15 @@ class Machine:
                 else:
                     pc = jnp.where(active, self.halt, pc)
             lane_state.update(pc=pc, regs=regs, sps=sps)
-            return lane_state, writes, env, active
+            return lane_state, writes
 
         return run
 
     # --- the loop --------------------------------------------------------
 
-    def run(self, consts: dict[str, Any], batched_inputs: dict[str, Any]) -> tuple[Any, Status]:
-        blocks = [self.block_fn(b, consts) for b in range(self.prog.num_blocks)]
-        branches = [lambda *a, run=run: run(*a)[:2] for run in blocks]
-
-        def update_big(block, writers, group, lane_state, stacks, big):
-            def rerun(b):
-                def go(lane_state, stacks, big):
-                    _, _, env, active = blocks[b](lane_state, stacks, big)
-                    return {v: _select(active, env[v], big[v]) if v in env else big[v] for v in group}
-                return go
-
-            def unchanged(lane_state, stacks, big):
-                return {v: big[v] for v in group}
-
-            if len(writers) == 1:
-                return lax.cond(block == writers[0], rerun(writers[0]), unchanged, lane_state, stacks, big)
-            which = jnp.argmax(jnp.array(writers) == block)
-            return lax.cond(jnp.isin(block, jnp.array(writers)),
-                            lambda *a: lax.switch(which, [rerun(b) for b in writers], *a), unchanged,
-                            lane_state, stacks, big)
+    def run(self, consts: dict[str, Any], inv: dict[str, Any], batched_inputs: dict[str, Any],
+            workspace: dict[str, Any]) -> tuple[Any, Status, dict[str, Any]]:
+        branches = [self.block_fn(b, consts, inv) for b in range(self.prog.num_blocks)]
 
         halt, max_steps, lanes = self.halt, self.max_steps, self.lane_ids
         in_switch = ("pc", "regs", "sps", "pc_sp")
@@ -273,16 +263,17 @@ class Machine:
             if self.prog.has_calls:
                 stacks[PC] = state["pc_stack"]
             lane_state = {k: state[k] for k in in_switch if k in state}
-            big = {v: state["regs"][v] for v in self.big}
-            lane_state["regs"] = {v: x for v, x in state["regs"].items() if v not in big}
-            before = dict(lane_state)
-            lane_state, writes = lax.switch(block, branches, lane_state, stacks, big)
-            lane_state["regs"] = dict(lane_state["regs"])
-            for writers, group in self.big_groups.items():
-                lane_state["regs"].update(update_big(block, writers, group, before, stacks, big))
-            lane_state["regs"].update({v: x for v, x in big.items() if v not in lane_state["regs"]})
+            # Only the tops go into the switch: a whole stack there would be copied
+            # every step (XLA cannot tell the branch's read precedes the scatter below).
+            sps = {**lane_state["sps"], **({PC: lane_state["pc_sp"]} if PC in stacks else {})}
+            tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s]) for s in stacks}
+            lane_state, writes = lax.switch(block, branches, lane_state, tops)
             for v, (row, value) in writes.items():
-                stacks[v] = tree_map(lambda s, x: s.at[row, lanes].set(x, mode="drop"), stacks[v], value)
+                # Under a cond on the blocks that push: XLA then updates in place
+                # (unconditionally, it copies the stack every step).
+                stacks[v] = lax.cond(jnp.isin(block, jnp.array(self.stack_writers[v])),
+                                     lambda a, r, x: tree_map(lambda s, y: s.at[r, lanes].set(y, mode="drop"), a, x),
+                                     lambda a, r, x: a, stacks[v], row, value)
             new = {**state, **lane_state, "sched": sched, "steps": state["steps"] + 1,
                    "depth": state["depth"] + (pc == block)}
             if self.prog.has_calls:
@@ -290,21 +281,39 @@ class Machine:
             new["stacks"] = stacks
             return new
 
-        final = lax.while_loop(cond, body, self.init(batched_inputs))
+        final = lax.while_loop(cond, body, self.init(batched_inputs, workspace))
         result = final["regs"][self.prog.result]
         pc = final["pc"]
         status = Status(pc == self.overflowed, pc < halt, pc, final["steps"], final["depth"],
                         jnp.asarray(self.lanes, jnp.int32))
-        return result, status
+        return result, status, {"stacks": final["stacks"], "pc_stack": final.get("pc_stack", workspace["pc_stack"])}
 
 
-def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig) -> tuple[Any, Status]:
-    """Run `prog` on a batch. `inputs` maps each entry parameter to its value:
-    with a leading lane axis for batched parameters, as-is for constants."""
-    consts = eval_prelude(prog, inputs)
-    batched = {v: x for v, x in inputs.items() if prog.var_class.get(v) != CONSTANT}
+def _machine_for(prog: StackProgram, num_lanes: int, config: MachineConfig):
     if prog.has_forks:
         from pcbatch.runtime.pool import PoolMachine
 
-        return PoolMachine(prog, num_lanes, config).run(consts, batched)
-    return Machine(prog, num_lanes, config).run(consts, batched)
+        return PoolMachine(prog, num_lanes, config)
+    return Machine(prog, num_lanes, config)
+
+
+def workspace_shapes(prog: StackProgram, num_lanes: int, config: MachineConfig) -> dict[str, Any]:
+    """Shapes of `run_machine`'s workspace (see `Machine.workspace_shapes`)."""
+    return _machine_for(prog, num_lanes, config).workspace_shapes()
+
+
+def new_workspace(prog: StackProgram, num_lanes: int, config: MachineConfig) -> dict[str, Any]:
+    return tree_map(lambda s: jnp.zeros(s.shape, s.dtype), workspace_shapes(prog, num_lanes, config))
+
+
+def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig,
+                workspace: dict[str, Any] | None = None) -> tuple[Any, Status, dict[str, Any]]:
+    """Run `prog` on a batch. `inputs` maps each entry parameter to its value:
+    with a leading lane axis for batched parameters, as-is for constants.
+    `workspace` (see `new_workspace`; zeros if None) holds the stacks; the
+    returned one can be passed (donated) to the next call of the same shape."""
+    if workspace is None:
+        workspace = new_workspace(prog, num_lanes, config)
+    consts, inv = eval_prelude(prog, inputs)
+    batched = {v: x for v, x in inputs.items() if prog.var_class.get(v) not in (CONSTANT, INVARIANT)}
+    return _machine_for(prog, num_lanes, config).run(consts, inv, batched, workspace)

@@ -26,9 +26,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pcbatch.fsm.base import Frontier
+from pcbatch.fsm.base import Frontier, bind
 from pcbatch.ir.core import (
     CONSTANT,
+    INVARIANT,
     REGISTER,
     STACKED,
     Branch,
@@ -58,6 +59,21 @@ def _scatter(x: Any, ids: jax.Array, values: Any) -> Any:
     return tree_map(lambda a, v: a.at[ids].set(v.astype(a.dtype), mode="drop"), x, values)
 
 
+def _first(mask: jax.Array, n: int) -> jax.Array:
+    """Indices of the first `n` true entries of `mask`, then `len(mask)`: a
+    prefix sum and a binary search per slot (a scatter over the whole mask
+    costs far more on CPU)."""
+    return jnp.searchsorted(jnp.cumsum(mask, dtype=jnp.int32), jnp.arange(1, n + 1, dtype=jnp.int32),
+                            side="left").astype(jnp.int32)
+
+
+def _pad(x: jax.Array, n: int, fill: Any = 0) -> jax.Array:
+    """`x` with its leading axis padded to `n` rows of `fill`."""
+    if x.shape[0] == n:
+        return x
+    return jnp.concatenate([x, jnp.full((n - x.shape[0],) + x.shape[1:], fill, x.dtype)])
+
+
 def _in(block: jax.Array, blocks: list[int]) -> jax.Array:
     return jnp.any(block == jnp.array(blocks, jnp.int32)) if blocks else jnp.zeros((), bool)
 
@@ -70,9 +86,13 @@ class PoolMachine:
         self.examples = num_examples
         self.lanes = max(config.max_lanes or num_examples, num_examples)
         self.width = min(config.lane_width or self.lanes, self.lanes)
+        # Narrower copies of every block, a factor of 4 apart, down to 16 lanes.
+        self.widths = [self.width]
+        while self.widths[0] // 4 >= 16:
+            self.widths.insert(0, self.widths[0] // 4)
         self.depth = config.max_stack_depth
         self.max_steps = config.max_steps
-        self.scheduler = config.scheduler
+        self.scheduler = bind(config.scheduler, prog)
         nb = prog.num_blocks
         self.halt, self.overflowed, self.done, self.free = nb, nb + 1, nb + 2, nb + 3
         blocks = prog.blocks
@@ -89,30 +109,46 @@ class PoolMachine:
         self.pushjumps = [b for b, blk in enumerate(blocks) if isinstance(blk.term, PushJump)]
         self.forks = {b: blk.term for b, blk in enumerate(blocks) if isinstance(blk.term, Fork)}
         self.fan = max((len(t.calls) for t in self.forks.values()), default=1)
+        self._columns()
 
     # --- state -----------------------------------------------------------
+    #
+    # Each lane's small integers live in one table, `lane[M, C]`, so a step
+    # gathers and scatters them as one row: pc stack pointer, blocks run,
+    # parent lane (-1: an example's root lane), pending children, poisoned
+    # (a descendant overflowed), example, one stack pointer per stack, and
+    # the lanes of its outstanding children. The pc stays separate: every
+    # step compares all of it.
 
-    def init(self, batched_inputs: dict[str, Any]) -> dict[str, Any]:
-        M, B, D, types = self.lanes, self.examples, self.depth, self.prog.var_types
+    def _columns(self) -> None:
+        names = ["pc_sp", "depth", "parent", "pending", "poison", "example"] + [f"sp:{s}" for s in self.stacks]
+        self.col = {n: k for k, n in enumerate(names)}
+        self.kids = slice(len(names), len(names) + self.fan)
+        self.num_cols = len(names) + self.fan
+
+    def workspace_shapes(self) -> dict[str, Any]:
+        """The stacks (see `Machine.workspace_shapes`)."""
+        M, D = self.lanes, self.depth
+        stacks = {s: tree_map(lambda x: jax.ShapeDtypeStruct((D, M) + x.shape, x.dtype), t) for s, t in self.stacks.items()}
+        return {"stacks": stacks, "pc_stack": jax.ShapeDtypeStruct((D, M), jnp.int32)}
+
+    def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any]) -> dict[str, Any]:
+        M, B, types, col = self.lanes, self.examples, self.prog.var_types, self.col
         regs = {v: _zeros(types[v], (M,)) for v in self.stored}
         for v, x in batched_inputs.items():
             if v in regs:
                 regs[v] = tree_map(lambda r, y: r.at[:B].set(y), regs[v], _cast(x, types[v], B))
-        pc = jnp.full((M,), self.free, jnp.int32).at[:B].set(self.prog.entry_block)
+        lane = jnp.zeros((M, self.num_cols), jnp.int32)
+        lane = lane.at[:, col["pc_sp"]].set(1)  # slot 0 belongs to the bottom frame and is never read
+        lane = lane.at[:, col["parent"]].set(-1).at[:, col["example"]].set(jnp.arange(M) % B)
+        lane = lane.at[:, self.kids].set(M)
         return {
-            "pc": pc,
+            "pc": jnp.full((M,), self.free, jnp.int32).at[:B].set(self.prog.entry_block),
+            "lane": lane,
             "regs": regs,
-            "stacks": {s: _zeros(t, (D, M)) for s, t in self.stacks.items()},
-            "sps": {s: jnp.zeros((M,), jnp.int32) for s in self.stacks},
-            "pc_stack": jnp.full((D, M), self.halt, jnp.int32),
-            "pc_sp": jnp.ones((M,), jnp.int32),  # slot 0 is the bottom frame's (never read)
-            "depth": jnp.zeros((M,), jnp.int32),
-            "parent": jnp.full((M,), -1, jnp.int32),
-            "example": jnp.arange(M, dtype=jnp.int32) % B,
+            "stacks": dict(workspace["stacks"]),  # never read before written: no zero fill
+            "pc_stack": workspace["pc_stack"],
             "work": jnp.zeros((B,), jnp.int32),  # blocks run by all of an example's lanes
-            "pending": jnp.zeros((M,), jnp.int32),
-            "kids": jnp.full((M, self.fan), M, jnp.int32),
-            "poison": jnp.zeros((M,), bool),
             "peak": jnp.asarray(B, jnp.int32),
             "steps": jnp.zeros((), jnp.int32),
             "sched": self.scheduler.init(self.prog.num_blocks, M),
@@ -120,32 +156,35 @@ class PoolMachine:
 
     # --- one block on a compacted batch -----------------------------------
 
-    def block_fn(self, b: int, consts: dict[str, Any]):
-        prog, block, types = self.prog, self.prog.blocks[b], self.prog.var_types
-        M, W, D, K = self.lanes, self.width, self.depth, self.fan
+    def block_fn(self, b: int, consts: dict[str, Any], inv: dict[str, Any], W: int):
+        """Block `b` on (up to) `W` of its lanes; every output padded to `self.width` rows."""
+        prog, block, types, col = self.prog, self.prog.blocks[b], self.prog.var_types, self.col
+        M, D, K, N = self.lanes, self.depth, self.fan, self.width
 
         def run(state: dict[str, Any]) -> dict[str, Any]:
             pc_all = state["pc"]
-            here = pc_all == b
-            rank = jnp.cumsum(here) - 1
-            ids = jnp.full((W,), M, jnp.int32).at[jnp.where(here & (rank < W), rank, W)].set(
-                jnp.arange(M, dtype=jnp.int32), mode="drop")
+            ids = _first(pc_all == b, W)
             valid = ids < M
-            own = {k: _gather(state[k], ids) for k in ("pc", "pc_sp", "depth", "parent", "pending", "poison", "kids")}
-            sps = {s: _gather(state["sps"][s], ids) for s in self.stacks}
+            own = state["lane"].at[ids].get(mode="fill", fill_value=0)
+            get = lambda name: own[:, col[name]]  # noqa: E731
+            sps = {s: get(f"sp:{s}") for s in self.stacks}
+            changes: dict[str, jax.Array] = {"depth": get("depth") + 1}
             env: dict[str, Any] = {}
             no_row = jnp.full((W,), D, jnp.int32)
             stack_writes = {s: (no_row, _zeros(t, (W,))) for s, t in self.stacks.items()}
             pc_write = (no_row, jnp.zeros((W,), jnp.int32))
-            decrement = jnp.full((W,), M, jnp.int32)  # parents whose child finished
             freed = jnp.full((W * K,), M, jnp.int32)
-            spawned = (jnp.full((W * K,), M, jnp.int32), jnp.zeros((W * K,), jnp.int32), jnp.zeros((W * K,), jnp.int32))
+            spawned = (jnp.full((W * K,), M, jnp.int32), jnp.zeros((W * K, self.num_cols), jnp.int32),
+                       jnp.zeros((W * K,), jnp.int32))
 
             def read(v: str) -> tuple[Any, bool]:
                 if v not in env:
                     if prog.var_class[v] == CONSTANT:
                         return consts[v], False
-                    env[v] = _gather(state["regs"][v], ids)
+                    if prog.var_class[v] == INVARIANT:  # stored once per example
+                        env[v] = _gather(inv[v], get("example"))
+                    else:
+                        env[v] = _gather(state["regs"][v], ids)
                 return env[v], True
 
             def top(stack: Any, sp: jax.Array) -> Any:
@@ -172,14 +211,17 @@ class PoolMachine:
                     if isinstance(op, Pop):
                         sps[s] = sps[s] - 1
                 elif isinstance(op, Join):
-                    kids = own["kids"]
+                    kids = own[:, self.kids]
+                    poison = get("poison")
                     for k, (v, r) in enumerate(zip(op.outs, op.rets)):
                         env[v] = _cast(_gather(state["regs"][r], kids[:, k]), types[v], None)
-                        own["poison"] = own["poison"] | state["poison"].at[kids[:, k]].get(mode="fill", fill_value=False)
+                        poison = poison | state["lane"].at[kids[:, k], col["poison"]].get(mode="fill", fill_value=0)
+                    changes["poison"] = poison
                     freed = jnp.where(valid[:, None], kids, M).reshape(-1)
 
-            pc, term = own["pc"], block.term
+            term = block.term
             finished = jnp.zeros((W,), bool)  # a child lane whose bottom frame is done
+            child = get("parent") >= 0
             if isinstance(term, Jump):
                 pc = jnp.full((W,), term.target, jnp.int32)
             elif isinstance(term, Branch):
@@ -187,65 +229,84 @@ class PoolMachine:
                 cond = jnp.broadcast_to(jnp.asarray(cond) != 0, (W,))
                 pc = jnp.where(cond, term.true, term.false).astype(jnp.int32)
             elif isinstance(term, PushJump):
-                sp = own["pc_sp"]
+                sp = get("pc_sp")
                 overflow = sp >= D
                 pc_write = (jnp.where(valid & ~overflow, sp, D), jnp.full((W,), term.ret, jnp.int32))
-                own["pc_sp"] = sp + ~overflow
-                child = own["parent"] >= 0
+                changes["pc_sp"] = sp + ~overflow
                 # An overflowing child finishes poisoned (its parent must not wait forever).
                 finished = overflow & child
-                own["poison"] = own["poison"] | overflow
-                pc = jnp.where(overflow, jnp.where(child, self.done, self.overflowed), term.target)
+                changes["poison"] = get("poison") | overflow
+                pc = jnp.where(overflow, jnp.where(child, self.done, self.overflowed), term.target).astype(jnp.int32)
             elif isinstance(term, Return):
-                sp = own["pc_sp"]
+                sp = get("pc_sp")
                 bottom = sp <= 1
                 popped = state["pc_stack"].at[jnp.maximum(sp - 1, 0), ids].get(mode="fill", fill_value=self.halt)
-                child = own["parent"] >= 0
                 finished = bottom & child
-                pc = jnp.where(bottom, jnp.where(child, self.done, self.halt), popped)
-                own["pc_sp"] = jnp.maximum(sp - 1, 1)
+                pc = jnp.where(bottom, jnp.where(child, self.done, self.halt), popped).astype(jnp.int32)
+                changes["pc_sp"] = jnp.maximum(sp - 1, 1)
             elif isinstance(term, Fork):
                 k = len(term.calls)
                 free = pc_all == self.free
                 room = jnp.sum(free) // k
                 can = valid & (jnp.arange(W) < room)  # valid rows come first, in order
-                frank = jnp.cumsum(free) - 1
-                first_free = jnp.full((W * k,), M, jnp.int32).at[jnp.where(free, frank, W * k)].set(
-                    jnp.arange(M, dtype=jnp.int32), mode="drop")
-                kids = jnp.where(can[:, None], first_free.reshape(W, k), M)
-                targets = jnp.broadcast_to(jnp.array([c.target for c in term.calls], jnp.int32), (W, k))
-                pad = ((0, 0), (0, K - k))
-                own["kids"] = jnp.pad(kids, pad, constant_values=M)
-                own["pending"] = jnp.where(can, k, own["pending"])
-                spawned = (jnp.pad(kids, pad, constant_values=M).reshape(-1),
-                           jnp.pad(jnp.broadcast_to(ids[:, None], (W, k)), pad).reshape(-1),
-                           jnp.pad(targets, pad).reshape(-1))
+                kids = jnp.where(can[:, None], _first(free, W * k).reshape(W, k), M)
+                kids = jnp.pad(kids, ((0, 0), (0, K - k)), constant_values=M)
+                own = own.at[:, self.kids].set(kids)
+                changes["pending"] = jnp.where(can, k, get("pending"))
+                # The children's rows: a fresh bottom frame, this lane as parent.
+                rows = jnp.zeros((W, K, self.num_cols), jnp.int32)
+                rows = rows.at[:, :, col["pc_sp"]].set(1).at[:, :, self.kids].set(M)
+                rows = rows.at[:, :, col["parent"]].set(ids[:, None]).at[:, :, col["depth"]].set(get("depth")[:, None])
+                rows = rows.at[:, :, col["example"]].set(get("example")[:, None])
+                starts = jnp.array([c.target for c in term.calls] + [0] * (K - k), jnp.int32)
+                spawned = (kids.reshape(-1), rows.reshape(W * K, -1), jnp.broadcast_to(starts, (W, K)).reshape(-1))
                 pc = jnp.where(can, -1 - term.join, term.seq).astype(jnp.int32)
-            decrement = jnp.where(valid & finished, own["parent"], M)
+            decrement = jnp.where(valid & finished, get("parent"), M)
 
-            own["pc"] = pc
-            regs = {v: env[v] if v in env else None for v in self.stored if b in self.writers[v]}
-            return {"ids": ids, "own": own, "sps": sps, "regs": regs, "stack_writes": stack_writes,
-                    "pc_write": pc_write, "decrement": decrement, "freed": freed, "spawned": spawned}
+            for s in self.stacks:
+                changes[f"sp:{s}"] = sps[s]
+            for name, x in changes.items():
+                own = own.at[:, col[name]].set(x.astype(jnp.int32))
+            # Every branch returns the same structure: zeros for registers it does not write.
+            regs = {v: env[v] if b in self.writers[v] else _zeros(types[v], (W,))
+                    for v in self.stored if self.writers[v]}
+            out = {"pc": pc, "lane": own, "regs": regs, "stack_values": {s: x for s, (_, x) in stack_writes.items()},
+                   "pc_value": pc_write[1]}
+            out = tree_map(lambda x: _pad(x, N), out)
+            # Padding rows: no lane (M), no stack row (D); their values are dropped.
+            out["spawn_rows"] = _pad(spawned[1], N * K)
+            out["spawn_starts"] = _pad(spawned[2], N * K)
+            out["ids"] = _pad(ids, N, M)
+            out["decrement"] = _pad(decrement, N, M)
+            out["stack_rows"] = {s: _pad(row, N, D) for s, (row, _) in stack_writes.items()}
+            out["pc_row"] = _pad(pc_write[0], N, D)
+            out["freed"] = _pad(freed, N * K, M)
+            out["spawn_lanes"] = _pad(spawned[0], N * K, M)
+            return out
 
         return run
 
     # --- the loop --------------------------------------------------------
 
-    def run(self, consts: dict[str, Any], batched_inputs: dict[str, Any]) -> tuple[Any, Status]:
-        prog, M, W, B, types = self.prog, self.lanes, self.width, self.examples, self.prog.var_types
-        runs = [self.block_fn(b, consts) for b in range(prog.num_blocks)]
+    def run(self, consts: dict[str, Any], inv: dict[str, Any], batched_inputs: dict[str, Any],
+            workspace: dict[str, Any]) -> tuple[Any, Status, dict[str, Any]]:
+        prog, B, col = self.prog, self.examples, self.col
+        widths = self.widths
 
-        def branch(run):
+        def branch(b: int):
+            runs = [self.block_fn(b, consts, inv, w) for w in widths]
+            if len(runs) == 1:
+                return runs[0]
+
             def go(state):
-                out = run(state)
-                # Every branch returns the same structure: zeros for registers it does not write.
-                out["regs"] = {v: out["regs"].get(v) if out["regs"].get(v) is not None else _zeros(types[v], (W,))
-                               for v in self.stored if self.writers[v]}
-                return out
+                # The narrowest width that takes every lane waiting here: a step
+                # costs what its lanes need, not the widest batch.
+                count = jnp.sum(state["pc"] == b)
+                which = jnp.minimum(jnp.searchsorted(jnp.array(widths), count), len(widths) - 1)
+                return lax.switch(which, runs, state)
             return go
 
-        branches = [branch(r) for r in runs]
+        branches = [branch(b) for b in range(prog.num_blocks)]
         halt, max_steps = self.halt, self.max_steps
 
         def cond(state):
@@ -256,70 +317,67 @@ class PoolMachine:
             pc = state["pc"]
             ready = (pc >= 0) & (pc < halt)
             sched_pc = jnp.where(ready, pc, halt)
-            counts = jnp.zeros((halt,), jnp.int32).at[sched_pc].add(1, mode="drop")
-            block, sched = self.scheduler.choose(state["sched"], Frontier(sched_pc, counts, state["depth"]))
-            view = {k: v for k, v in state.items() if k not in ("sched", "steps", "peak", "work", "example")}
+            counts = jnp.sum(sched_pc[None, :] == jnp.arange(halt, dtype=jnp.int32)[:, None], axis=1, dtype=jnp.int32)
+            depth = state["lane"][:, col["depth"]]
+            block, sched = self.scheduler.choose(state["sched"], Frontier(sched_pc, counts, depth))
+            view = {k: state[k] for k in ("pc", "lane", "regs", "stacks", "pc_stack")}
             out = lax.switch(block, branches, view)
-            ids, own = out["ids"], out["own"]
+            ids = out["ids"]
             new = dict(state)
-            for k in ("pc_sp", "parent", "pending", "poison", "kids"):
-                new[k] = _scatter(state[k], ids, own[k])
-            new["depth"] = state["depth"].at[ids].add(1, mode="drop")
-            new["work"] = state["work"].at[state["example"].at[ids].get(mode="fill", fill_value=B)].add(1, mode="drop")
-            new["sps"] = {s: _scatter(state["sps"][s], ids, out["sps"][s]) for s in self.stacks}
+            lane = state["lane"].at[ids].set(out["lane"], mode="drop")
+            new["work"] = state["work"].at[jnp.where(ids < self.lanes, out["lane"][:, col["example"]], B)].add(
+                1, mode="drop")
             regs = dict(state["regs"])
             for v, vals in out["regs"].items():
                 regs[v] = lax.cond(_in(block, self.writers[v]), lambda r, x: _scatter(r, ids, x),
                                    lambda r, x: r, regs[v], vals)
             stacks = dict(state["stacks"])
-            for s, (row, value) in out["stack_writes"].items():
+            for s, value in out["stack_values"].items():
                 stacks[s] = lax.cond(_in(block, self.stack_writers[s]),
                                      lambda a, r, x: tree_map(lambda y, z: y.at[r, ids].set(z, mode="drop"), a, x),
-                                     lambda a, r, x: a, stacks[s], row, value)
-            row, value = out["pc_write"]
+                                     lambda a, r, x: a, stacks[s], out["stack_rows"][s], value)
+            row, value = out["pc_row"], out["pc_value"]
             new["pc_stack"] = lax.cond(_in(block, self.pushjumps),
                                        lambda a: a.at[row, ids].set(value, mode="drop"), lambda a: a, state["pc_stack"])
-            pc = pc.at[ids].set(own["pc"], mode="drop").at[out["freed"]].set(self.free, mode="drop")
+            pc = pc.at[ids].set(out["pc"], mode="drop").at[out["freed"]].set(self.free, mode="drop")
             if self.forks:
-                kid, src, start = out["spawned"]
-                pc = pc.at[kid].set(start, mode="drop")
-                new["pc_sp"] = new["pc_sp"].at[kid].set(1, mode="drop")
-                new["sps"] = {s: x.at[kid].set(0, mode="drop") for s, x in new["sps"].items()}
-                new["parent"] = new["parent"].at[kid].set(src, mode="drop")
-                new["example"] = state["example"].at[kid].set(state["example"].at[src].get(mode="fill", fill_value=0),
-                                                              mode="drop")
-                new["pending"] = new["pending"].at[kid].set(0, mode="drop")
-                new["poison"] = new["poison"].at[kid].set(False, mode="drop")
-                new["depth"] = new["depth"].at[kid].set(new["depth"].at[src].get(mode="fill", fill_value=0), mode="drop")
+                kid = out["spawn_lanes"]
+                pc = pc.at[kid].set(out["spawn_starts"], mode="drop")
+                lane = lane.at[kid].set(out["spawn_rows"], mode="drop")
+                src, example = out["spawn_rows"][:, col["parent"]], out["spawn_rows"][:, col["example"]]
                 for f, term in self.forks.items():
-                    regs = lax.cond(block == f, self._spawn_params(term, consts, kid, src), lambda r: r, regs)
-                pending = new["pending"].at[out["decrement"]].add(-1, mode="drop")
-                pc = jnp.where((pc < 0) & (pending == 0), -1 - pc, pc)
-                new["pending"] = pending
-            new.update(pc=pc, regs=regs, stacks=stacks, sched=sched, steps=state["steps"] + 1,
+                    regs = lax.cond(block == f, self._spawn_params(term, consts, inv, kid, src, example),
+                                    lambda r: r, regs)
+                lane = lane.at[out["decrement"], col["pending"]].add(-1, mode="drop")
+                pc = jnp.where((pc < 0) & (lane[:, col["pending"]] == 0), -1 - pc, pc)
+            new.update(pc=pc, lane=lane, regs=regs, stacks=stacks, sched=sched, steps=state["steps"] + 1,
                        peak=jnp.maximum(state["peak"], jnp.sum(pc != self.free)))
             return new
 
-        final = lax.while_loop(cond, body, self.init(batched_inputs))
+        final = lax.while_loop(cond, body, self.init(batched_inputs, workspace))
         result = tree_map(lambda a: a[:B], final["regs"][prog.result])
         pc = final["pc"][:B]
-        overflow = (pc == self.overflowed) | final["poison"][:B]
+        overflow = (pc == self.overflowed) | (final["lane"][:B, col["poison"]] != 0)
         status = Status(overflow, (pc < halt) & ~overflow, pc, final["steps"], final["work"], final["peak"])
-        return result, status
+        return result, status, {"stacks": final["stacks"], "pc_stack": final["pc_stack"]}
 
-    def _spawn_params(self, term: Fork, consts: dict[str, Any], kid: jax.Array, src: jax.Array):
-        """Children's parameters from their parent's (stored) arguments."""
+    def _spawn_params(self, term: Fork, consts: dict[str, Any], inv: dict[str, Any], kid: jax.Array,
+                      src: jax.Array, example: jax.Array):
+        """Children's parameters from their parent's arguments (which lowering
+        keeps in registers, or are constants or per-example invariants)."""
         W, K, types = self.width, self.fan, self.prog.var_types
 
         def go(regs):
             regs = dict(regs)
-            kids, srcs = kid.reshape(W, K), src.reshape(W, K)
+            kids, srcs, examples = kid.reshape(W, K), src.reshape(W, K), example.reshape(W, K)
             for j, c in enumerate(term.calls):
                 for p, a in zip(c.params, c.args):
                     if p not in regs:
                         continue  # never read: no lane slot
                     if a in regs:
                         value = _gather(regs[a], srcs[:, j])
+                    elif a in inv:
+                        value = _gather(inv[a], examples[:, j])
                     else:
                         value = _cast(consts[a], types[p], W)
                     regs[p] = _scatter(regs[p], kids[:, j], _cast(value, types[p], None))

@@ -64,3 +64,22 @@ def test_parameter_read_only_after_the_second_call_is_saved_across_the_first():
     n = jnp.array([0, 1, 2, 3, 4])
     np.testing.assert_array_equal(reads_param_after_second_call(n), [0, 1, 4, 11, 26])  # 2*f(n-1) + n
     np.testing.assert_array_equal(reads_param_after_second_call(n), reads_param_after_second_call.reference(n))
+
+
+@pcbatch.autobatch(in_axes=(0, None))
+def forks_invariant_args(d, a):
+    if d <= 0:
+        return d % 1000
+    a, v = fork_callee(d - 1, d)  # `d - 1` is fixed per example: an invariant, not a register
+    return fork_callee(d - 1, d)[0] % 1000 + a
+
+
+@pcbatch.autobatch
+def fork_callee(d, a):
+    return d % 1000, a % 7
+
+
+def test_fork_with_per_example_invariant_arguments():
+    d = jnp.array([0, 3, 5])
+    assert "fork" in str(forks_invariant_args.ir())
+    np.testing.assert_array_equal(forks_invariant_args(d, 0), forks_invariant_args.reference(d, 0))
