@@ -59,14 +59,15 @@ def report(name, f, *args):
     again = time.perf_counter() - start
     expected = f.reference(*args)
     same = jax.tree_util.tree_all(jax.tree_util.tree_map(np.allclose, result, expected))
-    steps, lanes = int(status.steps), status.blocks_run.shape[0]
-    utilization = float(status.blocks_run.sum()) / (steps * lanes)
-    print(f"\n== {name}: batch of {lanes}")
+    steps, batch, peak = int(status.steps), status.blocks_run.shape[0], int(status.peak_lanes)
+    work = int(status.blocks_run.sum())
+    print(f"\n== {name}: batch of {batch}")
     print(f"  results      {np.asarray(result)}")
     print(f"  per-example Python agrees: {same}")
     print(f"  VM steps     {steps}  (blocks run per example: min {int(status.blocks_run.min())}, "
           f"max {int(status.blocks_run.max())})")
-    print(f"  utilization  {utilization:.0%} of lane-steps did useful work")
+    forked = " (fork-join: independent calls run in lanes of their own)" if peak > batch else ""
+    print(f"  lanes        at most {peak} in use{forked}; {work / steps:.1f} lanes ran a block per step on average")
     print(f"  time         first call {first * 1e3:.0f} ms (trace + compile + run), "
           f"cached call {again * 1e3:.2f} ms")
 
@@ -92,7 +93,10 @@ def main():
     right = jnp.array(np.stack([t[1] for t in trees]))
     params = {"leaf": jnp.float32(0.1), "w": jnp.array([0.7, -0.4])}
     print(f"\ntree_score: 16 random binary trees with 2-31 leaves (child-index arrays, shared params)")
-    report("tree_score", tree_score, params, left, right, jnp.zeros(16, jnp.int32))
+    args = (params, left, right, jnp.zeros(16, jnp.int32))
+    report("tree_score (fork-join: both children of a node at once)", tree_score, *args)
+    report("tree_score, fork=False (one lane per tree, children one after another)",
+           tree_score.with_options(fork=False), *args)
 
 
 if __name__ == "__main__":

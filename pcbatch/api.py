@@ -26,7 +26,7 @@ tree_util = jax.tree_util
 # Fork-join defaults, from benchmarks/treelstm.py (see benchmarks/README.md):
 # lanes per example, capped so the stacks (every lane has max_stack_depth
 # frames) stay within a budget; lanes one step may run.
-DEFAULT_LANES_PER_EXAMPLE = 32
+DEFAULT_LANES_PER_EXAMPLE = 128
 DEFAULT_STACK_BUDGET_BYTES = 1 << 30
 DEFAULT_WIDTH_PER_EXAMPLE = 8
 DEFAULT_MIN_WIDTH = 64
@@ -325,7 +325,7 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
       fork: run independent calls (`f(l) + f(r)`) at once in lanes of their own,
         so a tree is processed level by level, not node by node. `False`: one
         lane per example, calls one after another.
-      max_lanes: the fork-join lane pool (default 32 per example, fewer if the
+      max_lanes: the fork-join lane pool (default 128 per example, fewer if the
         stacks, `max_stack_depth` frames per lane, would pass 1 GiB); when it
         runs out, calls run sequentially in the caller's lane (slower, same result).
       lane_width: most lanes one VM step runs (default 8 per example, at least 64).
