@@ -24,6 +24,7 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.vm_overhead
+	$(BIN)/python -m benchmarks.treelstm
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[jupyter]"

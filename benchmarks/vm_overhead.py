@@ -49,7 +49,7 @@ TARGET_BATCH = 1024
 
 # --- the programs, written for ONE example ---------------------------------
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=False)  # the hand machines are one lane per example
 def fib(n):
     if n <= 1:
         return n

@@ -26,10 +26,13 @@ tree_util = jax.tree_util
 # Fork-join defaults, from benchmarks/treelstm.py (see benchmarks/README.md):
 # lanes per example, capped so the stacks (every lane has max_stack_depth
 # frames) stay within a budget; lanes one step may run.
+# A step also costs time in proportion to the pool and the width, hence the caps.
 DEFAULT_LANES_PER_EXAMPLE = 128
+DEFAULT_MAX_LANES = 16384
 DEFAULT_STACK_BUDGET_BYTES = 1 << 30
 DEFAULT_WIDTH_PER_EXAMPLE = 8
 DEFAULT_MIN_WIDTH = 64
+DEFAULT_MAX_WIDTH = 2048
 
 
 def _unwrap(obj: Any) -> Callable | None:
@@ -248,8 +251,8 @@ class Autobatched:
             frame = 4 + sum(x.size * x.dtype.itemsize for s in set(prog.stack_of.values())
                             for x in tree_util.tree_leaves(prog.var_types[min(v for v, t in prog.stack_of.items() if t == s)]))
             affordable = DEFAULT_STACK_BUDGET_BYTES // (frame * self.max_stack_depth)
-            lanes = max(batch, min(DEFAULT_LANES_PER_EXAMPLE * batch, affordable))
-        width = self.lane_width or max(DEFAULT_MIN_WIDTH, DEFAULT_WIDTH_PER_EXAMPLE * batch)
+            lanes = max(batch, min(DEFAULT_LANES_PER_EXAMPLE * batch, affordable, DEFAULT_MAX_LANES))
+        width = self.lane_width or max(DEFAULT_MIN_WIDTH, min(DEFAULT_WIDTH_PER_EXAMPLE * batch, DEFAULT_MAX_WIDTH))
         return lanes, MachineConfig(self.max_stack_depth, self.max_steps, self.scheduler, lanes, width)
 
     def _machine(self, prog: StackProgram, batch: int, inputs: dict[str, Any], workspace: Any) -> tuple[Any, Status, Any]:
@@ -301,9 +304,12 @@ class Autobatched:
             pcs = np.asarray(status.pc)
             where = []
             for i in unfinished[:10]:
-                block = prog.blocks[int(pcs[i])]
-                where.append(f"example {i} at b{int(pcs[i])} ({block.label}"
-                             + (f", {block.loc}" if block.loc else "") + ")")
+                pc = int(pcs[i])
+                waiting = pc < 0  # blocked on its forked calls, to continue at -1 - pc
+                pc = -1 - pc if waiting else pc
+                block = prog.blocks[pc]
+                where.append(f"example {i} " + ("waiting for its forked calls, then " if waiting else "")
+                             + f"at b{pc} ({block.label}" + (f", {block.loc}" if block.loc else "") + ")")
             raise MaxStepsExceededError(unfinished, self.max_steps, where)
 
 
@@ -325,10 +331,12 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
       fork: run independent calls (`f(l) + f(r)`) at once in lanes of their own,
         so a tree is processed level by level, not node by node. `False`: one
         lane per example, calls one after another.
-      max_lanes: the fork-join lane pool (default 128 per example, fewer if the
-        stacks, `max_stack_depth` frames per lane, would pass 1 GiB); when it
-        runs out, calls run sequentially in the caller's lane (slower, same result).
-      lane_width: most lanes one VM step runs (default 8 per example, at least 64).
+      max_lanes: the fork-join lane pool (default 128 per example, at most
+        16384, fewer if the stacks, `max_stack_depth` frames per lane, would
+        pass 1 GiB); when it runs out, calls run sequentially in the caller's
+        lane (slower, same result).
+      lane_width: most lanes one VM step runs (default 8 per example, within
+        64..2048).
 
     >>> import jax.numpy as jnp, pcbatch
     >>> @pcbatch.autobatch

@@ -43,9 +43,10 @@ PC = "<pc>"  # the program-counter stack, handled like a variable's stack
 
 class Status(NamedTuple):
     """How each example ended: `overflow` (recursion deeper than the stacks),
-    `unfinished` (still running when `max_steps` ran out), the final pc, the
-    number of VM steps taken, the blocks each example's root lane ran, and the
-    most lanes in use at once (fork-join; otherwise the batch size)."""
+    `unfinished` (still running when `max_steps` ran out), the final pc of its
+    root lane (`-1 - b` while it waits for forked calls before block b), the
+    number of VM steps taken, the blocks run by all of each example's lanes,
+    and the most lanes in use at once (fork-join; otherwise the batch size)."""
 
     overflow: jax.Array
     unfinished: jax.Array
