@@ -1,10 +1,10 @@
 """Binary Tree-LSTM inference throughput: pcbatch fork-join against plain-JAX peers.
 
-    python -m benchmarks.treelstm            # batch 1..256 x hidden 64, 128, 256 (~15 min on 2 CPU cores)
+    python -m benchmarks.treelstm            # batch 1..256 x hidden 64, 128, 256 (about 10 min on 2 CPU cores)
     python -m benchmarks.treelstm --quick    # batch 1, 8, 32 x hidden 64, 128 (under 2 minutes)
     python -m benchmarks.treelstm --batches 1,64 --hiddens 128 --repeats 5
 
-(the `bench-treelstm` benchmark). Model: `pcbatch.models.nary.nary_tree_lstm`
+(also run by `make bench`). Model: `pcbatch.models.nary.nary_tree_lstm`
 (Tai et al.'s binary Tree-LSTM, written for ONE tree, autobatched) on
 sentence-like random binary trees (`pcbatch.data.random_binary_trees`: 10-60
 leaves, random bracketings, padded to 119 nodes, seeded; batch b = the first b
@@ -16,8 +16,7 @@ and batch it times, after a warm-up call (compilation excluded):
   width set by `--lanes-per-example` / `--width-per-example`
   (`with_options(max_lanes=..., lane_width=...)`);
 * **fork=False**: `nary_tree_lstm.with_options(fork=False)`: one lane per
-  example, the children run one after the other (if `with_options` does not
-  exist yet, the model itself, and the column says so);
+  example, the children run one after the other;
 * **per-example jit**: `treelstm_baselines.per_example_jit`: no batching, one
   jitted bottom-up loop over ONE tree's nodes, called once per tree;
 * **depth-batched**: `treelstm_baselines.depth_batched` (TF Fold / DyNet
@@ -76,14 +75,9 @@ def fork_off(model) -> tuple[Any, bool]:
 
 
 def machine_lanes(model, prog, batch: int) -> int | None:
-    """Lanes the machine's stacks have. `prog.lanes` (what `lowered()` says) is
-    the batch; a program with forks runs on a lane pool instead:
-    `model.max_lanes`, or the API's default per example times the batch."""
+    """Lanes the machine's stacks have: `lowered().lanes` (the batch, or the
+    lane pool of a program with forks)."""
     lanes = getattr(prog, "lanes", None)
-    if getattr(prog, "has_forks", False):
-        import pcbatch.api as api
-        pool = getattr(model, "max_lanes", None) or getattr(api, "DEFAULT_LANES_PER_EXAMPLE", 1) * batch
-        lanes = max(int(pool), batch)
     return None if lanes is None else int(lanes)
 
 

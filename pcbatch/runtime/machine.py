@@ -34,7 +34,6 @@ from pcbatch.ir.core import (
     Return,
     StackProgram,
     Update,
-    op_writes,
 )
 
 tree_map = jax.tree_util.tree_map
@@ -83,6 +82,38 @@ def _select(mask: jax.Array, new: Any, old: Any) -> Any:
     return tree_map(leaf, new, old)
 
 
+def run_prim(op: Prim, read, types: Any, lanes: int) -> dict[str, Any]:
+    """`op` on a batch: vmapped over the lanes if any input is batched
+    (`read(v)` gives `(value, batched)`), each output cast to its type."""
+    vals, batched = zip(*(read(v) for v in op.ins)) if op.ins else ((), ())
+    if any(batched):
+        outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
+    else:
+        outs = op.fn(*vals)
+    return {v: _cast(x, types[v], None if any(batched) else lanes) for v, x in zip(op.outs, outs)}
+
+
+class StackLayout(NamedTuple):
+    """Which (shared) stack each stacked variable uses, each stack's frame
+    type, and the blocks that write each stack."""
+
+    stack_of: dict[str, str]
+    stacks: dict[str, Any]
+    writers: dict[str, list[int]]
+
+    @staticmethod
+    def of(prog: StackProgram) -> "StackLayout":
+        # Stacked variables that are never saved at once share a stack (and its pointer).
+        stack_of = {v: prog.stack_of.get(v, v) for v, c in prog.var_class.items() if c == STACKED}
+        stacks: dict[str, Any] = {}
+        for v, s in sorted(stack_of.items()):
+            stacks.setdefault(s, prog.var_types[v])
+        writers = {s: [b for b, blk in enumerate(prog.blocks)
+                       if any(isinstance(op, (Push, Update)) and stack_of[op.var] == s for op in blk.ops)]
+                   for s in stacks}
+        return StackLayout(stack_of, stacks, writers)
+
+
 def eval_prelude(prog: StackProgram, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Machine constants, computed once and unbatched, and per-example
     invariants, computed once per example (leading example axis)."""
@@ -118,14 +149,7 @@ class Machine:
         # A lane slot for every value that crosses a block boundary; a stacked
         # variable that is only ever restored and used within one block needs none.
         self.stored = [v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing]
-        # Stacked variables that are never saved at once share a stack (and its pointer).
-        self.stack_of = {v: prog.stack_of.get(v, v) for v, c in prog.var_class.items() if c == STACKED}
-        self.stacks = {}
-        for v, s in sorted(self.stack_of.items()):
-            self.stacks.setdefault(s, prog.var_types[v])
-        pushes = {s: [b for b, blk in enumerate(prog.blocks)
-                      if any(isinstance(op, (Push, Update)) and self.stack_of[op.var] == s for op in blk.ops)]
-                  for s in self.stacks}
+        self.stack_of, self.stacks, pushes = StackLayout.of(prog)
         self.stack_writers = {**pushes, PC: [b for b, blk in enumerate(prog.blocks) if isinstance(blk.term, PushJump)]}
 
     # --- state -----------------------------------------------------------
@@ -195,13 +219,7 @@ class Machine:
 
             for op in block.ops:
                 if isinstance(op, Prim):
-                    vals, batched = zip(*(read(v) for v in op.ins)) if op.ins else ((), ())
-                    if any(batched):
-                        outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
-                    else:
-                        outs = op.fn(*vals)
-                    for v, x in zip(op.outs, outs):
-                        env[v] = _cast(x, types[v], None if any(batched) else L)
+                    env.update(run_prim(op, read, types, L))
                 elif isinstance(op, Push):
                     s = self.stack_of[op.var]
                     writes[s] = (jnp.where(active, sps[s], D), read(op.var)[0])

@@ -46,7 +46,7 @@ from pcbatch.ir.core import (
     Update,
     op_writes,
 )
-from pcbatch.runtime.machine import MachineConfig, Status, _cast, _zeros
+from pcbatch.runtime.machine import MachineConfig, StackLayout, Status, _cast, _zeros, run_prim
 
 tree_map = jax.tree_util.tree_map
 
@@ -100,13 +100,7 @@ class PoolMachine:
         self.stored = sorted(v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing)
         self.writers = {v: [b for b, blk in enumerate(blocks) if any(v in op_writes(op) for op in blk.ops)]
                         for v in self.stored}
-        self.stack_of = {v: prog.stack_of.get(v, v) for v, c in prog.var_class.items() if c == STACKED}
-        self.stacks: dict[str, Any] = {}
-        for v, s in sorted(self.stack_of.items()):
-            self.stacks.setdefault(s, prog.var_types[v])
-        self.stack_writers = {s: [b for b, blk in enumerate(blocks)
-                                  if any(isinstance(op, (Push, Update)) and self.stack_of[op.var] == s for op in blk.ops)]
-                              for s in self.stacks}
+        self.stack_of, self.stacks, self.stack_writers = StackLayout.of(prog)
         self.pushjumps = [b for b, blk in enumerate(blocks) if isinstance(blk.term, PushJump)]
         self.forks = {b: blk.term for b, blk in enumerate(blocks) if isinstance(blk.term, Fork)}
         self.fan = max((len(t.calls) for t in self.forks.values()), default=1)
@@ -193,13 +187,7 @@ class PoolMachine:
 
             for op in block.ops:
                 if isinstance(op, Prim):
-                    vals, batched = zip(*(read(v) for v in op.ins)) if op.ins else ((), ())
-                    if any(batched):
-                        outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
-                    else:
-                        outs = op.fn(*vals)
-                    for v, x in zip(op.outs, outs):
-                        env[v] = _cast(x, types[v], None if any(batched) else W)
+                    env.update(run_prim(op, read, types, W))
                 elif isinstance(op, (Push, Update)):
                     s = self.stack_of[op.var]
                     row = sps[s] if isinstance(op, Push) else sps[s] - 1
