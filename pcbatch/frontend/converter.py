@@ -8,6 +8,7 @@ else stays a `Prim` of the user's own source.
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import linecache
 import textwrap
@@ -451,6 +452,8 @@ class Converter:
         args = list(it.args)
         start, stop, step = ([ast.Constant(0)] + args + [ast.Constant(1)])[:3] if len(args) == 1 else (
             args + [ast.Constant(1)])[:3]
+        if self.unroll(node, start, stop, step):
+            return
         sign = self._constant_sign(step)
         if sign == 0:
             raise self.unsupported(node, "range() step must not be zero",
@@ -482,6 +485,34 @@ class Converter:
         self.assign(counter, ast.BinOp(ast.Name(counter, ast.Load()), ast.Add(), ast.Name(step_v, ast.Load())), node)
         self.terminate(Jump(header))
         self.cur = exit_
+
+    MAX_UNROLL = 16
+
+    def unroll(self, node: ast.For, start: ast.expr, stop: ast.expr, step: ast.expr) -> bool:
+        """A loop over a constant range whose body calls an autobatched function
+        (`for k in range(3): h[k] = enc(tree, kids[k])`) is unrolled, so that
+        its calls can fork. Only without break/continue, and up to MAX_UNROLL trips."""
+        bounds = [self._static_int(e) for e in (start, stop, step)]
+        if None in bounds or bounds[2] == 0 or not any(self.has_batched_call(s) for s in node.body):
+            return False
+        if any(isinstance(n, (ast.Break, ast.Continue)) for s in node.body for n in ast.walk(s)):
+            return False
+        values = range(*bounds)
+        if len(values) > self.MAX_UNROLL:
+            return False
+        for i in values:
+            self.assign(node.target.id, ast.copy_location(ast.Constant(i), node), node)
+            self.statements(copy.deepcopy(node.body))  # conversion rewrites the AST in place
+        return True
+
+    def _static_int(self, node: ast.expr) -> int | None:
+        """A literal int, or the name of a global int (a fixed arity like `N_CHILDREN`)."""
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.Name) and node.id not in self.locals:
+            value = self._lookup(node.id)
+            return value if type(value) is int else None
+        return None
 
     def _lookup(self, name: str) -> Any:
         try:

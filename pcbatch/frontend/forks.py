@@ -19,14 +19,29 @@ fork. A call inside an `if` is not hoisted out of it and does not fork.
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import replace
 
 from pcbatch.ir.core import Block, Call, Fork, Function, Op, Prim, Terminator, op_reads, op_writes
 
 
+def _retext(text: str, reads: dict[str, str]) -> str:
+    """The op's source text with renamed inputs, so the IR listing stays true."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return text
+    names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in reads]
+    for n in names:
+        n.id = reads[n.id]
+    return ast.unparse(tree) if names else text
+
+
 def _rename_op(op: Op, reads: dict[str, str], writes: dict[str, str]) -> Op:
     if isinstance(op, Prim):
-        return replace(op, ins=tuple(reads.get(v, v) for v in op.ins), outs=tuple(writes.get(v, v) for v in op.outs))
+        renamed = {v: reads[v] for v in op.ins if v in reads and reads[v] != v}
+        return replace(op, ins=tuple(reads.get(v, v) for v in op.ins), outs=tuple(writes.get(v, v) for v in op.outs),
+                       text=_retext(op.text, renamed) if renamed and op.text else op.text)
     return replace(op, args=tuple(reads.get(v, v) for v in op.args), out=writes.get(op.out, op.out))
 
 

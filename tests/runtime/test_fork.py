@@ -605,3 +605,42 @@ def test_max_steps_message_names_the_join_a_waiting_lane_continues_at():
     with pytest.raises(pcbatch.errors.MaxStepsExceededError) as e:
         fib_then_loop(np.array([5, 7], np.int32))
     assert f"waiting for its forked calls, then at b{join} ({prog.blocks[join].label}" in str(e.value)
+
+
+ARITY = 3
+
+
+@pcbatch.autobatch
+def nary_sum(kids, node):
+    if node < 0:
+        return 0
+    total = node
+    for k in range(ARITY):  # a constant trip count: unrolled, so the three calls fork
+        total = total + nary_sum(kids, kids[node, k])
+    return total
+
+
+@pcbatch.autobatch
+def loop_without_calls(n):
+    acc = 0
+    for k in range(3):  # no autobatched call in the body: stays a loop
+        acc = acc + k * n
+    return acc
+
+
+def test_for_over_a_constant_number_of_children_forks():
+    kids = np.full((4, 13, 3), -1, np.int32)
+    kids[:, 0] = [1, 2, 3]
+    kids[:, 1] = [4, 5, 6]
+    kids[1:, 2] = [7, 8, -1]
+    kids[2:, 3] = [9, 10, 11]
+    root = np.zeros(4, np.int32)
+    ir = str(nary_sum.ir())
+    assert ir.count("fork [") == 1 and ir.split("fork [")[1].split("]")[0].count("nary_sum(") == 3
+    assert ir.count("call nary_sum(") == 3  # the sequential fallback
+    expected = nary_sum.reference(kids, root)
+    np.testing.assert_array_equal(nary_sum(kids, root), expected)
+    np.testing.assert_array_equal(nary_sum.with_options(fork=False)(kids, root), expected)
+    assert "for.header" in str(loop_without_calls.ir())
+    n = np.arange(4, dtype=np.int32)
+    np.testing.assert_array_equal(loop_without_calls(n), loop_without_calls.reference(n))
