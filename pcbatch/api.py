@@ -30,7 +30,7 @@ tree_util = jax.tree_util
 DEFAULT_LANES_PER_EXAMPLE = 128
 DEFAULT_MAX_LANES = 16384
 DEFAULT_STACK_BUDGET_BYTES = 1 << 30
-DEFAULT_WIDTH_PER_EXAMPLE = 8
+DEFAULT_WIDTH_PER_EXAMPLE = 16
 DEFAULT_MIN_WIDTH = 64
 DEFAULT_MAX_WIDTH = 2048
 
@@ -335,7 +335,7 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
         16384, fewer if the stacks, `max_stack_depth` frames per lane, would
         pass 1 GiB); when it runs out, calls run sequentially in the caller's
         lane (slower, same result).
-      lane_width: most lanes one VM step runs (default 8 per example, within
+      lane_width: most lanes one VM step runs (default 16 per example, within
         64..2048).
 
     >>> import jax.numpy as jnp, pcbatch
