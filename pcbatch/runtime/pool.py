@@ -11,9 +11,9 @@ Lanes that cannot get enough free lanes take the Fork's sequential path in
 their own lane: slower, never wrong.
 
 Each step the scheduler picks one block; `lax.switch` runs it on the first
-`lane_width` lanes waiting there, gathered into a dense batch (so a step costs
-what its lanes need, not the whole pool), and returns only those rows' new
-values. They are scattered into the pool after the switch (in place: XLA copies
+`lane_width` lanes waiting there, gathered into a dense batch of the narrowest
+of up to 4 compiled widths that holds them (so a step costs what its lanes
+need, not the whole pool), and returns only those rows' new values. They are scattered into the pool after the switch (in place: XLA copies
 every full-size array a switch returns), each register's under a `lax.cond`
 that skips blocks which do not write it. Lanes beyond `lane_width` wait for a
 later step.
