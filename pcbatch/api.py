@@ -19,7 +19,7 @@ from pcbatch.ir.core import Program, StackProgram
 from pcbatch.ir.interpret import Trace, run_stack_program
 from pcbatch.lower import lower, specialize
 from pcbatch.runtime import MachineConfig, Status, run_machine
-from pcbatch.runtime.machine import new_workspace
+from pcbatch.runtime.machine import StackLayout, new_workspace
 
 tree_util = jax.tree_util
 
@@ -248,8 +248,8 @@ class Autobatched:
         elif self.max_lanes is not None:
             lanes = max(self.max_lanes, batch)
         else:
-            frame = 4 + sum(x.size * x.dtype.itemsize for s in set(prog.stack_of.values())
-                            for x in tree_util.tree_leaves(prog.var_types[min(v for v, t in prog.stack_of.items() if t == s)]))
+            frame = 4 + sum(x.size * x.dtype.itemsize  # the pc, then each stack's slot
+                            for x in tree_util.tree_leaves(StackLayout.of(prog).stacks))
             affordable = DEFAULT_STACK_BUDGET_BYTES // (frame * self.max_stack_depth)
             lanes = max(batch, min(DEFAULT_LANES_PER_EXAMPLE * batch, affordable, DEFAULT_MAX_LANES))
         width = self.lane_width or max(DEFAULT_MIN_WIDTH, min(DEFAULT_WIDTH_PER_EXAMPLE * batch, DEFAULT_MAX_WIDTH))
@@ -262,15 +262,13 @@ class Autobatched:
 
     def _run(self, args: Sequence[Any]) -> tuple[Any, Status, StackProgram, int]:
         prog, runner, inputs, batch = self._prepare(args)
-        key = runner
         tracing = any(_is_tracer(x) for x in tree_util.tree_leaves(inputs))
-        workspace = None if tracing else self._workspaces.pop(key, None)
+        workspace = None if tracing else self._workspaces.pop(runner, None)  # one per compiled signature
         if workspace is None:
-            lanes, config = self._config(prog, batch)
-            workspace = new_workspace(prog, batch, config)
+            workspace = new_workspace(prog, batch, self._config(prog, batch)[1])
         result, status, workspace = runner(inputs, workspace)
         if not tracing:
-            self._workspaces[key] = workspace
+            self._workspaces[runner] = workspace
         return result, status, prog, batch
 
     def _checked_in_trace(self, result: Any, status: Status) -> Any:

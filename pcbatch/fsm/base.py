@@ -11,6 +11,8 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
+from pcbatch.ir.core import Return
+
 
 class Frontier(NamedTuple):
     """What a scheduler may look at each VM step.
@@ -65,8 +67,6 @@ class ReturnsLast:
         self.returns = returns
 
     def for_program(self, prog: Any) -> "ReturnsLast":
-        from pcbatch.ir.core import Return
-
         return ReturnsLast(tuple(isinstance(b.term, Return) for b in prog.blocks))
 
     def init(self, num_blocks: int, num_lanes: int) -> Any:

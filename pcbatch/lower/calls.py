@@ -39,6 +39,13 @@ def _qualify_prim(op: Prim, fn: str) -> Prim:
     return Prim(tuple(qualify(fn, v) for v in op.outs), tuple(qualify(fn, v) for v in op.ins), op.fn, op.text, op.loc)
 
 
+def _param_pairs(callee, caller: str, args: tuple[str, ...], consts: dict[str, str]) -> list[tuple[str, str]]:
+    """(callee parameter, caller argument), qualified, for the parameters a call assigns
+    (constant and invariant parameters already hold their value)."""
+    return [(qualify(callee.name, p), qualify(caller, a)) for p, a in zip(callee.params, args)
+            if qualify(callee.name, p) not in consts]
+
+
 def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
     m = Merged()
     # Block indices: functions in order, each function's blocks in order, with
@@ -74,8 +81,7 @@ def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
                         ops.append(q)
                     continue
                 callee = program.function(op.callee)
-                pairs = [(qualify(callee.name, p), qualify(f.name, a)) for p, a in zip(callee.params, op.args)
-                         if qualify(callee.name, p) not in consts]
+                pairs = _param_pairs(callee, f.name, op.args, consts)
                 if pairs:
                     outs, ins = zip(*pairs)
                     ops.append(_copy(outs, ins, op.loc))
@@ -109,8 +115,7 @@ def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
                 spawns = []
                 for c in term.calls:
                     callee = program.function(c.callee)
-                    pairs = [(qualify(callee.name, p), qualify(f.name, a)) for p, a in zip(callee.params, c.args)
-                             if qualify(callee.name, p) not in consts]
+                    pairs = _param_pairs(callee, f.name, c.args, consts)
                     spawns.append(Spawn(m.entry_of[callee.name], tuple(p for p, _ in pairs), tuple(a for _, a in pairs)))
                 term = Fork(tuple(spawns), starts[term.join], starts[term.seq], term.loc)
             m.blocks.append(Block(label, tuple(ops), term, loc))

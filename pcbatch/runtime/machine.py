@@ -113,24 +113,32 @@ class StackLayout(NamedTuple):
                    for s in stacks}
         return StackLayout(stack_of, stacks, writers)
 
+    def workspace_shapes(self, depth: int, lanes: int) -> dict[str, Any]:
+        """The stacks and the pc stack: large, and never read before written,
+        so a caller may pass the previous call's (donated) instead of
+        zero-filling new ones."""
+        stacks = {s: tree_map(lambda x: jax.ShapeDtypeStruct((depth, lanes) + x.shape, x.dtype), t)
+                  for s, t in self.stacks.items()}
+        return {"stacks": stacks, "pc_stack": jax.ShapeDtypeStruct((depth, lanes), jnp.int32)}
+
+
+def block_in(block: jax.Array, blocks: list[int]) -> jax.Array:
+    """Whether the (traced) chosen block is one of `blocks`."""
+    return jnp.any(block == jnp.array(blocks, jnp.int32)) if blocks else jnp.zeros((), bool)
+
 
 def eval_prelude(prog: StackProgram, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Machine constants, computed once and unbatched, and per-example
     invariants, computed once per example (leading example axis)."""
     consts = {v: x for v, x in inputs.items() if prog.var_class.get(v) == CONSTANT}
     inv = {v: x for v, x in inputs.items() if prog.var_class.get(v) == INVARIANT}
+
+    def read(v: str) -> tuple[Any, bool]:
+        return (inv[v], True) if v in inv else (consts[v], False)
+
     for op in prog.prelude:
-        batched = [i in inv for i in op.ins]
-        vals = [inv[i] if b else consts[i] for i, b in zip(op.ins, batched)]
-        if any(batched):
-            outs = jax.vmap(op.fn, in_axes=tuple(0 if b else None for b in batched))(*vals)
-        else:
-            outs = op.fn(*vals)
-        for v, x in zip(op.outs, outs):
-            if prog.var_class.get(v) == INVARIANT:
-                inv[v] = _cast(x, prog.var_types[v], None)  # an invariant has a per-example input
-            else:
-                consts[v] = _cast(x, prog.var_types[v], None)
+        for v, x in run_prim(op, read, prog.var_types, None).items():
+            (inv if prog.var_class.get(v) == INVARIANT else consts)[v] = x
     return consts, inv
 
 
@@ -149,17 +157,15 @@ class Machine:
         # A lane slot for every value that crosses a block boundary; a stacked
         # variable that is only ever restored and used within one block needs none.
         self.stored = [v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing]
-        self.stack_of, self.stacks, pushes = StackLayout.of(prog)
-        self.stack_writers = {**pushes, PC: [b for b, blk in enumerate(prog.blocks) if isinstance(blk.term, PushJump)]}
+        self.layout = StackLayout.of(prog)
+        self.stack_of, self.stacks = self.layout.stack_of, self.layout.stacks
+        self.stack_writers = {**self.layout.writers,
+                              PC: [b for b, blk in enumerate(prog.blocks) if isinstance(blk.term, PushJump)]}
 
     # --- state -----------------------------------------------------------
 
     def workspace_shapes(self) -> dict[str, Any]:
-        """The stacks: large, and never read before written, so the caller may
-        pass the previous call's (donated) instead of zero-filling new ones."""
-        L, D = self.lanes, self.depth
-        stacks = {s: tree_map(lambda x: jax.ShapeDtypeStruct((D, L) + x.shape, x.dtype), t) for s, t in self.stacks.items()}
-        return {"stacks": stacks, "pc_stack": jax.ShapeDtypeStruct((D, L), jnp.int32)}
+        return self.layout.workspace_shapes(self.depth, self.lanes)
 
     def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any]) -> dict[str, Any]:
         L, D, types = self.lanes, self.depth, self.prog.var_types
@@ -183,12 +189,12 @@ class Machine:
 
     # --- one block -------------------------------------------------------
     #
-    # Stacks are not results of `lax.switch`: XLA would copy every result a
-    # branch passes through unchanged, i.e. every whole stack, every step. They
-    # go in read-only; a branch gathers only the tops it pops and returns one
-    # write request per stack (row `D` = no write), applied after the switch as
-    # one in-place scatter. Lowering guarantees a block reads a stack (Pop/Peek)
-    # at most once and before it writes it (Push/Update) at most once.
+    # Stacks are neither operands nor results of `lax.switch`: XLA would copy
+    # them every step. Each stack's top per lane is gathered before the switch;
+    # a branch returns one write request per stack (row `D` = no write),
+    # applied after the switch as an in-place scatter. Lowering guarantees a
+    # block reads a stack (Pop/Peek) at most once and before it writes it
+    # (Push/Update) at most once, so the pre-gathered top is the one it reads.
 
     def block_fn(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
         prog, block, types = self.prog, self.prog.blocks[b], self.prog.var_types
@@ -290,7 +296,7 @@ class Machine:
             for v, (row, value) in writes.items():
                 # Under a cond on the blocks that push: XLA then updates in place
                 # (unconditionally, it copies the stack every step).
-                stacks[v] = lax.cond(jnp.isin(block, jnp.array(self.stack_writers[v])),
+                stacks[v] = lax.cond(block_in(block, self.stack_writers[v]),
                                      lambda a, r, x: tree_map(lambda s, y: s.at[r, lanes].set(y, mode="drop"), a, x),
                                      lambda a, r, x: a, stacks[v], row, value)
             new = {**state, **lane_state, "sched": sched, "steps": state["steps"] + 1,

@@ -46,7 +46,7 @@ from pcbatch.ir.core import (
     Update,
     op_writes,
 )
-from pcbatch.runtime.machine import MachineConfig, StackLayout, Status, _cast, _zeros, run_prim
+from pcbatch.runtime.machine import MachineConfig, StackLayout, Status, _cast, _zeros, block_in, run_prim
 
 tree_map = jax.tree_util.tree_map
 
@@ -74,10 +74,6 @@ def _pad(x: jax.Array, n: int, fill: Any = 0) -> jax.Array:
     return jnp.concatenate([x, jnp.full((n - x.shape[0],) + x.shape[1:], fill, x.dtype)])
 
 
-def _in(block: jax.Array, blocks: list[int]) -> jax.Array:
-    return jnp.any(block == jnp.array(blocks, jnp.int32)) if blocks else jnp.zeros((), bool)
-
-
 class PoolMachine:
     """Builds the loop for one `StackProgram` with forks, specialised to input types."""
 
@@ -102,7 +98,8 @@ class PoolMachine:
         self.stored = sorted(v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing)
         self.writers = {v: [b for b, blk in enumerate(blocks) if any(v in op_writes(op) for op in blk.ops)]
                         for v in self.stored}
-        self.stack_of, self.stacks, self.stack_writers = StackLayout.of(prog)
+        self.layout = StackLayout.of(prog)
+        self.stack_of, self.stacks, self.stack_writers = self.layout
         self.pushjumps = [b for b, blk in enumerate(blocks) if isinstance(blk.term, PushJump)]
         self.forks = {b: blk.term for b, blk in enumerate(blocks) if isinstance(blk.term, Fork)}
         self.fan = max((len(t.calls) for t in self.forks.values()), default=1)
@@ -124,10 +121,7 @@ class PoolMachine:
         self.num_cols = len(names) + self.fan
 
     def workspace_shapes(self) -> dict[str, Any]:
-        """The stacks (see `Machine.workspace_shapes`)."""
-        M, D = self.lanes, self.depth
-        stacks = {s: tree_map(lambda x: jax.ShapeDtypeStruct((D, M) + x.shape, x.dtype), t) for s, t in self.stacks.items()}
-        return {"stacks": stacks, "pc_stack": jax.ShapeDtypeStruct((D, M), jnp.int32)}
+        return self.layout.workspace_shapes(self.depth, self.lanes)
 
     def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any]) -> dict[str, Any]:
         M, B, types, col = self.lanes, self.examples, self.prog.var_types, self.col
@@ -292,8 +286,7 @@ class PoolMachine:
             def go(state):
                 # The narrowest width that takes every lane waiting here: a step
                 # costs what its lanes need, not the widest batch.
-                count = jnp.sum(state["pc"] == b)
-                which = jnp.minimum(jnp.searchsorted(jnp.array(widths), count), len(widths) - 1)
+                which = jnp.minimum(jnp.searchsorted(jnp.array(widths), state["count"]), len(widths) - 1)
                 return lax.switch(which, runs, state)
             return go
 
@@ -312,6 +305,7 @@ class PoolMachine:
             depth = state["lane"][:, col["depth"]]
             block, sched = self.scheduler.choose(state["sched"], Frontier(sched_pc, counts, depth))
             view = {k: state[k] for k in ("pc", "lane", "regs", "stacks", "pc_stack")}
+            view["count"] = counts[block]  # lanes waiting at the chosen block
             out = lax.switch(block, branches, view)
             ids = out["ids"]
             new = dict(state)
@@ -320,15 +314,15 @@ class PoolMachine:
                 1, mode="drop")
             regs = dict(state["regs"])
             for v, vals in out["regs"].items():
-                regs[v] = lax.cond(_in(block, self.writers[v]), lambda r, x: _scatter(r, ids, x),
+                regs[v] = lax.cond(block_in(block, self.writers[v]), lambda r, x: _scatter(r, ids, x),
                                    lambda r, x: r, regs[v], vals)
             stacks = dict(state["stacks"])
             for s, value in out["stack_values"].items():
-                stacks[s] = lax.cond(_in(block, self.stack_writers[s]),
+                stacks[s] = lax.cond(block_in(block, self.stack_writers[s]),
                                      lambda a, r, x: tree_map(lambda y, z: y.at[r, ids].set(z, mode="drop"), a, x),
                                      lambda a, r, x: a, stacks[s], out["stack_rows"][s], value)
             row, value = out["pc_row"], out["pc_value"]
-            new["pc_stack"] = lax.cond(_in(block, self.pushjumps),
+            new["pc_stack"] = lax.cond(block_in(block, self.pushjumps),
                                        lambda a: a.at[row, ids].set(value, mode="drop"), lambda a: a, state["pc_stack"])
             pc = pc.at[ids].set(out["pc"], mode="drop").at[out["freed"]].set(self.free, mode="drop")
             if self.forks:
