@@ -296,7 +296,7 @@ class Autobatched:
                 needed[i] = (f"max_stack_depth={t.max_depth}" if t.finished else
                              f"more than {limit} (runaway recursion?)" if t.max_depth > limit else
                              f"at least {t.max_depth}")
-            raise StackOverflowError(overflow, self.max_stack_depth, needed)
+            raise StackOverflowError(overflow, self.max_stack_depth, needed, forked=prog.has_forks)
         unfinished = np.nonzero(np.asarray(status.unfinished))[0].tolist()
         if unfinished:
             pcs = np.asarray(status.pc)

@@ -61,15 +61,17 @@ class TypeMismatchError(PcbatchError):
 class StackOverflowError(PcbatchError):
     """Some example's recursion went deeper than `max_stack_depth`."""
 
-    def __init__(self, examples: list[int], max_stack_depth: int, needed: dict[int, str]):
+    def __init__(self, examples: list[int], max_stack_depth: int, needed: dict[int, str], forked: bool = False):
         self.examples = examples
         self.max_stack_depth = max_stack_depth
         self.needed = needed
         shown = ", ".join(f"example {i} needs {needed.get(i, '?')}" for i in examples[:10])
         more = "" if len(examples) <= 10 else f" (and {len(examples) - 10} more)"
+        lanes = (" With fork-join a lane only recurses once the lane pool is used up, so a larger "
+                 "`max_lanes=` also helps." if forked else "")
         super().__init__(
             f"recursion deeper than max_stack_depth={max_stack_depth} in {len(examples)} example(s): "
-            f"{shown}{more}.\nHint: pass a larger `max_stack_depth=` to pcbatch.autobatch."
+            f"{shown}{more}.\nHint: pass a larger `max_stack_depth=` to pcbatch.autobatch.{lanes}"
         )
 
 

@@ -461,6 +461,7 @@ def test_overflow_without_fork_raises():
     with pytest.raises(StackOverflowError) as e:
         fn(DEEP)
     assert e.value.examples == [0, 2, 4, 6]
+    assert "max_lanes" not in str(e.value)  # no pool to enlarge
 
 
 def test_overflow_without_free_lanes_raises():
@@ -470,6 +471,7 @@ def test_overflow_without_free_lanes_raises():
     with pytest.raises(StackOverflowError) as e:
         fn(DEEP)
     assert e.value.examples == [0, 2, 4, 6]          # fib(9), fib(8), fib(9), fib(7)
+    assert "larger `max_lanes=` also helps" in str(e.value)
     out, status = fn.checked(DEEP)
     flags = np.asarray(status.overflow)
     np.testing.assert_array_equal(flags, [True, False, True, False, True, False, True])
