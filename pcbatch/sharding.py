@@ -13,12 +13,12 @@ removes the padding again.
 
     mesh = jax.make_mesh((4,), ("batch",))
     f = pcbatch.autobatch(fib, mesh=mesh)               # or f.with_options(mesh=mesh)
-    with pcbatch.sharded(mesh):                         # or for every call in a block
+    with pcbatch.sharded(mesh):                         # or every call in a block
         out = nuts.sample(...)
 
 Results keep the batch sharding: their leading axis is sharded over the mesh
-axis (when the batch divides the device count; otherwise the padding is sliced
-off and XLA picks the result's layout). Shared (`in_axes=None`) arguments are
+axis. (When the device count does not divide the batch, the padding is cut off
+and the result comes back replicated.) Shared (`in_axes=None`) arguments are
 replicated. In `Status`, the per-example fields are global (indices are global
 example indices); `steps` is the most steps any device took and `peak_lanes`
 the sum of each device's peak.
@@ -77,13 +77,16 @@ class BatchSharding:
         return BatchSharding(mesh, axes[0] if len(axes) == 1 else axes)
 
     @property
+    def axes(self) -> tuple[str, ...]:
+        return self.axis if isinstance(self.axis, tuple) else (self.axis,)
+
+    @property
     def explicit(self) -> bool:
         """Whether the batch axes are `AxisType.Explicit` (`jax.make_mesh`'s
         default): arrays then carry their sharding in their type, and data
         moves only where we say so (`jax.reshard`)."""
-        axes = self.axis if isinstance(self.axis, tuple) else (self.axis,)
         names = tuple(self.mesh.axis_names)
-        return all(self.mesh.axis_types[names.index(a)] == AxisType.Explicit for a in axes)
+        return all(self.mesh.axis_types[names.index(a)] == AxisType.Explicit for a in self.axes)
 
     def _reshard(self, x: Any, spec: PartitionSpec) -> Any:
         # Auto axes: shard_map and XLA move the data as the specs say.
@@ -92,8 +95,7 @@ class BatchSharding:
     @property
     def devices(self) -> int:
         """How many shards the batch is cut into."""
-        axes = self.axis if isinstance(self.axis, tuple) else (self.axis,)
-        return math.prod(self.mesh.shape[a] for a in axes)
+        return math.prod(self.mesh.shape[a] for a in self.axes)
 
     def per_device(self, batch: int) -> int:
         """Examples per device: the batch padded up to a multiple of `devices`."""
@@ -108,7 +110,7 @@ class BatchSharding:
         padded = devices * local
         split = PartitionSpec(self.axis)
 
-        def per_device(inputs, active, workspace):
+        def shard(inputs, active, workspace):
             # The workspace has a leading device axis, one block per device, so
             # this module need not know where the runtime keeps its lane axis.
             result, status, workspace = machine(local, inputs, tree_map(lambda x: x[0], workspace), active)
@@ -130,7 +132,7 @@ class BatchSharding:
             out_specs = (split, Status(*[split] * len(Status._fields)), split)
             # check_vma=False: every output is split over the axis (nothing is
             # claimed replicated), so there is nothing for the check to prove.
-            mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
+            mapped = jax.shard_map(shard, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
                                    check_vma=False)
             result, status, workspace = mapped(inputs, active, workspace)
             if padded > batch:

@@ -167,6 +167,9 @@ def test_under_jit_and_cache():
         assert_batch_sharded(got, MESH4)
     assert fn.trace_count - before == 2        # once under jit, once eagerly; the third call hits the cache
     assert_workspace_per_device(fn, *args)
+    # Inputs the caller already placed on the mesh, batch-sharded.
+    placed = jax.device_put(args[1], NamedSharding(MESH4, PartitionSpec(AXIS)))
+    assert_same(fn(args[0], placed), want)
     loop, outside = collectives(compiled_text(fn, *args))
     assert loop == 0 and outside == 2          # status.steps (max) and peak_lanes (sum), after the loop
 
