@@ -1,8 +1,8 @@
 """Sharding the batch over devices: throughput on 1, 2 and 4 devices, and the
 cross-device collectives inside the machine's loop.
 
-    python -m benchmarks.sharding            # about 3 minutes on a 2-core CPU
-    python -m benchmarks.sharding --quick    # smaller batches, fewer repeats (about 1.5 minutes)
+    python -m benchmarks.sharding            # about 6 minutes on a 2-core CPU, mostly compiling
+    python -m benchmarks.sharding --quick    # smaller batches, fewer repeats (about 4 minutes)
 
 Each device count runs in a subprocess of its own with
 `XLA_FLAGS=--xla_force_host_platform_device_count=N` (JAX fixes the device
