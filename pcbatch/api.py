@@ -365,7 +365,9 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
       mesh, axis_name: shard the batch over `axis_name` of this
         `jax.sharding.Mesh` (default: its only axis), one machine and
         scheduler per device with no communication inside the loop; the
-        result's batch axis stays sharded. The lane pool and lane width are
+        result's batch axis stays sharded (when the devices divide the
+        batch; otherwise the batch is padded, the padding never runs, and
+        the result comes back replicated). The lane pool and lane width are
         per device, from the per-device batch. See `pcbatch.sharded` to
         shard every call in a block.
 
