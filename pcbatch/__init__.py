@@ -11,6 +11,7 @@ from pcbatch.errors import (
     TypeMismatchError,
     UnsupportedSyntaxError,
 )
+from pcbatch.sharding import sharded
 
 __version__ = "0.1.0"
 
@@ -22,4 +23,5 @@ __all__ = [
     "TypeMismatchError",
     "UnsupportedSyntaxError",
     "autobatch",
+    "sharded",
 ]

@@ -12,6 +12,7 @@ import numpy as np
 from jax.experimental import checkify
 
 from pcbatch import _context
+from pcbatch import sharding as _sharding
 from pcbatch.errors import Loc, MaxStepsExceededError, StackOverflowError, UnsupportedSyntaxError
 from pcbatch.frontend import build_program
 from pcbatch.fsm import get_scheduler
@@ -19,7 +20,7 @@ from pcbatch.ir.core import Program, StackProgram
 from pcbatch.ir.interpret import Trace, run_stack_program
 from pcbatch.lower import lower, specialize
 from pcbatch.runtime import MachineConfig, Status, run_machine
-from pcbatch.runtime.machine import StackLayout, new_workspace
+from pcbatch.runtime.machine import StackLayout, new_workspace, workspace_shapes
 
 tree_util = jax.tree_util
 
@@ -58,7 +59,8 @@ class Autobatched:
 
     def __init__(self, fn: Callable, *, in_axes: Any = 0, max_stack_depth: int = 64,
                  max_steps: int | None = None, schedule: Any = "auto", fork: bool = True,
-                 max_lanes: int | None = None, lane_width: int | None = None):
+                 max_lanes: int | None = None, lane_width: int | None = None, mesh: Any = None,
+                 axis_name: Any = None):
         if not callable(fn):
             raise TypeError(f"pcbatch.autobatch expects a function, got {fn!r}")
         if max_stack_depth < 1:
@@ -76,6 +78,10 @@ class Autobatched:
         self.fork = fork
         self.max_lanes = max_lanes
         self.lane_width = lane_width
+        if axis_name is not None and mesh is None:
+            raise ValueError("axis_name= needs mesh= (the jax.sharding.Mesh whose axis it names)")
+        self.mesh, self.axis_name = mesh, axis_name
+        self._sharding = None if mesh is None else _sharding.BatchSharding.of(mesh, axis_name)
         self.signature = inspect.signature(fn)
         self._program: Program | None = None
         self._lowered: dict[tuple[bool, ...], StackProgram] = {}
@@ -100,7 +106,8 @@ class Autobatched:
         """The stack program (Figure 4) for these arguments, with each variable's
         class (temporary / register / stacked / constant), type and stack shape."""
         prog, _, _, batch = self._prepare(args)
-        return dataclasses.replace(prog, lanes=self._config(prog, batch)[0], stack_depth=self.max_stack_depth)
+        return dataclasses.replace(prog, lanes=self._config(prog, self._local_batch(batch))[0],
+                                   stack_depth=self.max_stack_depth)
 
     # --- calling ---------------------------------------------------------
 
@@ -156,7 +163,8 @@ class Autobatched:
         """A copy with some of `autobatch`'s options changed, e.g.
         `tree_lstm.with_options(fork=False)` for one lane per example."""
         current = dict(in_axes=self.in_axes, max_stack_depth=self.max_stack_depth, max_steps=self.max_steps,
-                       schedule=self.schedule, fork=self.fork, max_lanes=self.max_lanes, lane_width=self.lane_width)
+                       schedule=self.schedule, fork=self.fork, max_lanes=self.max_lanes, lane_width=self.lane_width,
+                       mesh=self.mesh, axis_name=self.axis_name)
         unknown = set(options) - set(current)
         if unknown:
             raise TypeError(f"unknown autobatch option(s): {', '.join(sorted(unknown))}")
@@ -225,7 +233,8 @@ class Autobatched:
     def _prepare(self, args: Sequence[Any]) -> tuple[StackProgram, Callable, dict[str, Any], int]:
         values, batched, batch = self._split(args)
         shared = tuple(not b for b in batched)
-        key = (shared, batch, tuple(tree_util.tree_structure(v) for v in values),
+        sharding = _sharding.current(self._sharding)
+        key = (shared, batch, sharding, tuple(tree_util.tree_structure(v) for v in values),
                tuple((np.shape(x), jnp.result_type(x)) for x in tree_util.tree_leaves(values)))
         if key not in self._compiled:
             if shared not in self._lowered:
@@ -236,7 +245,11 @@ class Autobatched:
                      for p, v, s in zip(prog.entry_params, values, shared)}
             with _context.in_building():
                 prog = specialize(prog, types)
-            runner = jax.jit(functools.partial(self._machine, prog, batch), donate_argnums=(1,))
+            if sharding is None:
+                runner = jax.jit(functools.partial(self._machine, prog, batch), donate_argnums=(1,))
+            else:  # one machine per device (pcbatch/sharding.py)
+                runner = sharding.runner(functools.partial(self._machine, prog), batch,
+                                         dict(zip(prog.entry_params, shared)))
             self._compiled[key] = (prog, runner)
         prog, runner = self._compiled[key]
         return prog, runner, dict(zip(prog.entry_params, values)), batch
@@ -255,17 +268,30 @@ class Autobatched:
         width = self.lane_width or max(DEFAULT_MIN_WIDTH, min(DEFAULT_WIDTH_PER_EXAMPLE * batch, DEFAULT_MAX_WIDTH))
         return lanes, MachineConfig(self.max_stack_depth, self.max_steps, self.scheduler, lanes, width)
 
-    def _machine(self, prog: StackProgram, batch: int, inputs: dict[str, Any], workspace: Any) -> tuple[Any, Status, Any]:
+    def _machine(self, prog: StackProgram, batch: int, inputs: dict[str, Any], workspace: Any,
+                 active: Any = None) -> tuple[Any, Status, Any]:
         self.trace_count += 1
         with _context.in_building():
-            return run_machine(prog, inputs, batch, self._config(prog, batch)[1], workspace)
+            return run_machine(prog, inputs, batch, self._config(prog, batch)[1], workspace, active)
+
+    def _local_batch(self, batch: int) -> int:
+        """Examples per machine: the batch, or its share per device when sharded."""
+        sharding = _sharding.current(self._sharding)
+        return batch if sharding is None else sharding.per_device(batch)
+
+    def _new_workspace(self, prog: StackProgram, batch: int) -> Any:
+        sharding = _sharding.current(self._sharding)
+        if sharding is None:
+            return new_workspace(prog, batch, self._config(prog, batch)[1])
+        local = sharding.per_device(batch)
+        return sharding.new_workspace(workspace_shapes(prog, local, self._config(prog, local)[1]))
 
     def _run(self, args: Sequence[Any]) -> tuple[Any, Status, StackProgram, int]:
         prog, runner, inputs, batch = self._prepare(args)
         tracing = any(_is_tracer(x) for x in tree_util.tree_leaves(inputs))
         workspace = None if tracing else self._workspaces.pop(runner, None)  # one per compiled signature
         if workspace is None:
-            workspace = new_workspace(prog, batch, self._config(prog, batch)[1])
+            workspace = self._new_workspace(prog, batch)
         result, status, workspace = runner(inputs, workspace)
         if not tracing:
             self._workspaces[runner] = workspace
@@ -313,7 +339,8 @@ class Autobatched:
 
 def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: int = 64,
               max_steps: int | None = None, schedule: Any = "auto", fork: bool = True,
-              max_lanes: int | None = None, lane_width: int | None = None) -> Any:
+              max_lanes: int | None = None, lane_width: int | None = None, mesh: Any = None,
+              axis_name: Any = None) -> Any:
     """Batch a single-example function (recursion and control flow included).
 
     Usable as `@autobatch`, `@autobatch(in_axes=(0, None))` or `autobatch(f, ...)`.
@@ -335,6 +362,14 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
         lane (slower, same result).
       lane_width: most lanes one VM step runs (default 16 per example, within
         64..2048).
+      mesh, axis_name: shard the batch over `axis_name` of this
+        `jax.sharding.Mesh` (default: its only axis), one machine and
+        scheduler per device with no communication inside the loop; the
+        result's batch axis stays sharded (when the devices divide the
+        batch; otherwise the batch is padded, the padding never runs, and
+        the result comes back replicated). The lane pool and lane width are
+        per device, from the per-device batch. See `pcbatch.sharded` to
+        shard every call in a block.
 
     >>> import jax.numpy as jnp, pcbatch
     >>> @pcbatch.autobatch
@@ -348,7 +383,7 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
     Array([  0,   8, 111], dtype=int32)
     """
     options = dict(in_axes=in_axes, max_stack_depth=max_stack_depth, max_steps=max_steps, schedule=schedule,
-                   fork=fork, max_lanes=max_lanes, lane_width=lane_width)
+                   fork=fork, max_lanes=max_lanes, lane_width=lane_width, mesh=mesh, axis_name=axis_name)
     if fn is None:
         return lambda f: Autobatched(f, **options)
     return Autobatched(fn, **options)

@@ -167,14 +167,18 @@ class Machine:
     def workspace_shapes(self) -> dict[str, Any]:
         return self.layout.workspace_shapes(self.depth, self.lanes)
 
-    def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any]) -> dict[str, Any]:
+    def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any],
+             active: jax.Array | None = None) -> dict[str, Any]:
         L, D, types = self.lanes, self.depth, self.prog.var_types
         regs = {v: _zeros(types[v], (L,)) for v in self.stored}
         for v, x in batched_inputs.items():
             if v in regs:
                 regs[v] = _cast(x, types[v], L)
+        pc = jnp.full((L,), self.prog.entry_block, jnp.int32)
+        if active is not None:  # padding examples start halted: they never run a block
+            pc = jnp.where(active, pc, self.halt)
         state = {
-            "pc": jnp.full((L,), self.prog.entry_block, jnp.int32),
+            "pc": pc,
             "regs": regs,
             "stacks": dict(workspace["stacks"]),
             "sps": {s: jnp.zeros((L,), jnp.int32) for s in self.stacks},
@@ -270,7 +274,7 @@ class Machine:
     # --- the loop --------------------------------------------------------
 
     def run(self, consts: dict[str, Any], inv: dict[str, Any], batched_inputs: dict[str, Any],
-            workspace: dict[str, Any]) -> tuple[Any, Status, dict[str, Any]]:
+            workspace: dict[str, Any], active: jax.Array | None = None) -> tuple[Any, Status, dict[str, Any]]:
         branches = [self.block_fn(b, consts, inv) for b in range(self.prog.num_blocks)]
 
         halt, max_steps, lanes = self.halt, self.max_steps, self.lane_ids
@@ -306,7 +310,7 @@ class Machine:
             new["stacks"] = stacks
             return new
 
-        final = lax.while_loop(cond, body, self.init(batched_inputs, workspace))
+        final = lax.while_loop(cond, body, self.init(batched_inputs, workspace, active))
         result = final["regs"][self.prog.result]
         pc = final["pc"]
         status = Status(pc == self.overflowed, pc < halt, pc, final["steps"], final["depth"],
@@ -332,13 +336,16 @@ def new_workspace(prog: StackProgram, num_lanes: int, config: MachineConfig) -> 
 
 
 def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig,
-                workspace: dict[str, Any] | None = None) -> tuple[Any, Status, dict[str, Any]]:
+                workspace: dict[str, Any] | None = None,
+                active: jax.Array | None = None) -> tuple[Any, Status, dict[str, Any]]:
     """Run `prog` on a batch. `inputs` maps each entry parameter to its value:
     with a leading lane axis for batched parameters, as-is for constants.
     `workspace` (see `new_workspace`; zeros if None) holds the stacks; the
-    returned one can be passed (donated) to the next call of the same shape."""
+    returned one can be passed (donated) to the next call of the same shape.
+    `active` (`[batch]` bool, default all): examples that are False start
+    halted and run no block (the padding of a sharded batch)."""
     if workspace is None:
         workspace = new_workspace(prog, num_lanes, config)
     consts, inv = eval_prelude(prog, inputs)
     batched = {v: x for v, x in inputs.items() if prog.var_class.get(v) not in (CONSTANT, INVARIANT)}
-    return _machine_for(prog, num_lanes, config).run(consts, inv, batched, workspace)
+    return _machine_for(prog, num_lanes, config).run(consts, inv, batched, workspace, active)

@@ -123,7 +123,8 @@ class PoolMachine:
     def workspace_shapes(self) -> dict[str, Any]:
         return self.layout.workspace_shapes(self.depth, self.lanes)
 
-    def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any]) -> dict[str, Any]:
+    def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any],
+             active: jax.Array | None = None) -> dict[str, Any]:
         M, B, types, col = self.lanes, self.examples, self.prog.var_types, self.col
         regs = {v: _zeros(types[v], (M,)) for v in self.stored}
         for v, x in batched_inputs.items():
@@ -133,8 +134,11 @@ class PoolMachine:
         lane = lane.at[:, col["pc_sp"]].set(1)  # slot 0 belongs to the bottom frame and is never read
         lane = lane.at[:, col["parent"]].set(-1).at[:, col["example"]].set(jnp.arange(M) % B)
         lane = lane.at[:, self.kids].set(M)
+        entry = jnp.full((B,), self.prog.entry_block, jnp.int32)
+        if active is not None:  # padding examples start halted: they never run a block
+            entry = jnp.where(active, entry, self.halt)
         return {
-            "pc": jnp.full((M,), self.free, jnp.int32).at[:B].set(self.prog.entry_block),
+            "pc": jnp.full((M,), self.free, jnp.int32).at[:B].set(entry),
             "lane": lane,
             "regs": regs,
             "stacks": dict(workspace["stacks"]),  # never read before written: no zero fill
@@ -274,7 +278,7 @@ class PoolMachine:
     # --- the loop --------------------------------------------------------
 
     def run(self, consts: dict[str, Any], inv: dict[str, Any], batched_inputs: dict[str, Any],
-            workspace: dict[str, Any]) -> tuple[Any, Status, dict[str, Any]]:
+            workspace: dict[str, Any], active: jax.Array | None = None) -> tuple[Any, Status, dict[str, Any]]:
         prog, B, col = self.prog, self.examples, self.col
         widths = self.widths
 
@@ -339,7 +343,7 @@ class PoolMachine:
                        peak=jnp.maximum(state["peak"], jnp.sum(pc != self.free)))
             return new
 
-        final = lax.while_loop(cond, body, self.init(batched_inputs, workspace))
+        final = lax.while_loop(cond, body, self.init(batched_inputs, workspace, active))
         result = tree_map(lambda a: a[:B], final["regs"][prog.result])
         pc = final["pc"][:B]
         overflow = (pc == self.overflowed) | (final["lane"][:B, col["poison"]] != 0)
