@@ -47,7 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import _shape_bytes, block, fmt_rate, fmt_time, hlo_computations, print_table, time_calls
-from benchmarks.layout_cells import CELLS, Cell, cell_block, cell_inputs, step_program, tree_lstm, tree_lstm_params
+from benchmarks.layout_cells import (CELLS, SCALAR_GATES, Cell, cell_block, cell_inputs, step_program, tree_lstm,
+                                     tree_lstm_params)
 from pcbatch import _context, data
 from pcbatch.ir.core import CONSTANT, INVARIANT, Prim, StackProgram
 from pcbatch.memory import layout_program
@@ -144,21 +145,31 @@ def block_inputs(prog: StackProgram, b: int, values: dict[str, Any], lanes: int)
     return {v: consts[v] for v in reads if prog.var_class.get(v) == CONSTANT}, lane
 
 
-def programs(cell: Cell, params: dict, xs: list[jax.Array]) -> dict[str, tuple[StackProgram, Any]]:
-    base = step_program(cell, layout=False)
-    plain = base.lowered(params, *xs)
-    with _context.in_building():
-        gathered, _ = layout_program(plain, "gather")
-        laid, report = layout_program(plain, "auto")
-    return {"per-op": (plain, None), "gather": (gathered, None), "PQ": (laid, report)}
+#: Variants: name -> (mode, kinds) of `layout_program`, None for the program as written.
+TABLE2 = {"per-op": None, "gather": ("gather", ("dot", "elementwise")), "PQ": ("auto", ("dot", "elementwise")),
+          "dots": ("auto", ("dot",))}
+ELEMENTWISE = {"per-op": None, "PQ": ("all", ("dot", "elementwise"))}
 
 
-def measure_cell(cell: Cell, hidden: int, batches: list[int], repeats: int, min_time: float) -> dict[str, Any]:
+def programs(cell: Cell, params: dict, xs: list[jax.Array], variants: dict) -> dict[str, tuple[StackProgram, Any]]:
+    plain = step_program(cell, layout=False).lowered(params, *xs)
+    out = {}
+    for name, how in variants.items():
+        if how is None:
+            out[name] = (plain, None)
+        else:
+            with _context.in_building():
+                out[name] = layout_program(plain, how[0], how[1])
+    return out
+
+
+def measure_cell(cell: Cell, hidden: int, batches: list[int], repeats: int, min_time: float,
+                 variants: dict = TABLE2) -> dict[str, Any]:
     params = cell.init(jax.random.PRNGKey(0), hidden)
     row: dict[str, Any] = {"cell": cell.name}
     for batch in batches:
         xs = cell_inputs(cell, jax.random.PRNGKey(batch), batch, hidden) + [jnp.ones((batch,), jnp.int32)]
-        progs = programs(cell, params, xs)
+        progs = programs(cell, params, xs, variants)
         report = progs["PQ"][1]
         row["plan_ms"] = max([r.plan_ms for r in report], default=0.0)
         row["groups"] = sum(len(r.kept) for r in report if r.rewritten)
@@ -174,10 +185,12 @@ def measure_cell(cell: Cell, hidden: int, batches: list[int], repeats: int, min_
             calls[name] = (lambda fn=fn, consts=consts, lane=lane: fn(consts, lane))
         common = sorted(set.intersection(*(set(o) for o in outs.values())))
         leaves = {k: jax.tree_util.tree_leaves([o[v] for v in common]) for k, o in outs.items()}
-        for name in ("gather", "PQ"):
+        for name in progs:
             for got, want in zip(leaves[name], leaves["per-op"]):
                 np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
         row[("bitwise", batch)] = all(np.array_equal(a, b) for a, b in zip(leaves["PQ"], leaves["per-op"]))
+        row[("maxdiff", batch)] = max((float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                                       for a, b in zip(leaves["PQ"], leaves["per-op"])), default=0.0)
         times = time_calls(calls, repeats, min_time)
         for name, t in times.items():
             row[(name, batch)] = t
@@ -252,7 +265,25 @@ def main(argv: list[str] | None = None) -> int:
         for b in batches:
             table.append([r["cell"], str(b), fmt_time(r[("per-op", b)]), fmt_time(r[("gather", b)]),
                           fmt_time(r[("PQ", b)]), ratio(r[("gather", b)], r[("PQ", b)]),
-                          ratio(r[("per-op", b)], r[("PQ", b)]), "yes" if r[("bitwise", b)] else "no"])
+                          ratio(r[("per-op", b)], r[("PQ", b)]),
+                          "yes" if r[("bitwise", b)] else f"no ({r[('maxdiff', b)]:.1g})"])
+    print_table(headers, table)
+
+    print("\nthe default rule (a block is rewritten when it has a matmul group): latency")
+    eltw = measure_cell(SCALAR_GATES, args.hidden, batches, repeats, min_time, ELEMENTWISE)
+    headers = ["cell", "batch", "per-op", "matmul groups only", "all groups (PQ)", "per-op/matmul-only",
+               "per-op/all"]
+    table = []
+    for r in rows:
+        if not r["groups"]:
+            continue
+        for b in batches:
+            table.append([r["cell"], str(b), fmt_time(r[("per-op", b)]), fmt_time(r[("dots", b)]),
+                          fmt_time(r[("PQ", b)]), ratio(r[("per-op", b)], r[("dots", b)]),
+                          ratio(r[("per-op", b)], r[("PQ", b)])])
+    for b in batches:
+        table.append([f"{eltw['cell']} (elementwise only)", str(b), fmt_time(eltw[("per-op", b)]), "-",
+                      fmt_time(eltw[("PQ", b)]), "-", ratio(eltw[("per-op", b)], eltw[("PQ", b)])])
     print_table(headers, table)
 
     e2e = measure_tree_lstm(args.hidden, tree_batch, 3 if args.quick else 5)

@@ -131,12 +131,29 @@ def mv_cell(p: dict, a: jax.Array, A: jax.Array, b: jax.Array, B: jax.Array) -> 
     return vec, mat
 
 
+# ------------------------------------------------------------------ elementwise only
+def scalar_gates_init(key: jax.Array, hidden: int) -> dict:
+    g = ["i", "f", "o", "u"]
+    k = jax.random.split(key, 2)
+    return {**_biases(k[0], [f"a_{x}" for x in g], hidden), **_biases(k[1], [f"b_{x}" for x in g], hidden)}
+
+
+def scalar_gates(p: dict, s: jax.Array, h: jax.Array) -> jax.Array:
+    """Gates driven by one scalar per example (a time or position signal):
+    independent elementwise ops only, no matmul."""
+    i = sigmoid(s * p["a_i"] + p["b_i"])
+    f = sigmoid(s * p["a_f"] + p["b_f"])
+    o = sigmoid(s * p["a_o"] + p["b_o"])
+    u = jnp.tanh(s * p["a_u"] + p["b_u"])
+    return o * jnp.tanh(f * h + i * u)
+
+
 # ------------------------------------------------------------------ table
 class Cell(NamedTuple):
     name: str
     init: Callable[[jax.Array, int], dict]
     fn: Callable[..., Any]
-    inputs: tuple[str, ...]  # "v": a [H] vector, "m": an [H, H] matrix
+    inputs: tuple[str, ...]  # "s": a scalar, "v": an [H] vector, "m": an [H, H] matrix
     step: Callable[..., Any]  # the cell as a loop body (see step_program)
 
 
@@ -179,6 +196,12 @@ def tree_gru_leaf_step(p, x, n):
     return x
 
 
+def scalar_gates_step(p, s, h, n):
+    for _ in range(n):
+        h = scalar_gates(p, s, h)
+    return h
+
+
 def mv_step(p, a, A, b, B, n):
     for _ in range(n):
         a, A = mv_cell(p, a, A, b, B)
@@ -194,12 +217,14 @@ CELLS = (
     Cell("TreeGRU-Leaf", tree_gru_init, tree_gru_leaf, ("v",), tree_gru_leaf_step),
     Cell("MVCell", mv_init, mv_cell, ("v", "m", "v", "m"), mv_step),
 )
+#: Not in Table 2: a block whose only groups are elementwise (for the default rule).
+SCALAR_GATES = Cell("ScalarGates", scalar_gates_init, scalar_gates, ("s", "v"), scalar_gates_step)
 
 
 def cell_inputs(cell: Cell, key: jax.Array, batch: int, hidden: int) -> list[jax.Array]:
     keys = jax.random.split(key, len(cell.inputs))
-    return [jax.random.normal(k, (batch, hidden) if kind == "v" else (batch, hidden, hidden), jnp.float32)
-            / (1.0 if kind == "v" else jnp.sqrt(jnp.float32(hidden)))
+    shapes = {"s": (batch,), "v": (batch, hidden), "m": (batch, hidden, hidden)}
+    return [jax.random.normal(k, shapes[kind], jnp.float32) / (jnp.sqrt(jnp.float32(hidden)) if kind == "m" else 1.0)
             for k, kind in zip(keys, cell.inputs)]
 
 

@@ -185,7 +185,7 @@ def trace_run(ops: Sequence[Prim], var_types: Mapping[str, Any], var_class: Mapp
             if var not in env:  # read before written in the run: an input
                 t = var_types[var]
                 leaves, treedef = tree_util.tree_flatten(t)
-                ids = tuple(new_value(jax.core.ShapedArray(l.shape, l.dtype, weak_type=getattr(l, "weak_type", False)), n)
+                ids = tuple(new_value(jax.ShapeDtypeStruct(l.shape, l.dtype), n)
                             for l, n in zip(leaves, _leaf_names(var, t)))
                 env[var] = ids
                 inputs.append(var)

@@ -120,7 +120,7 @@ def _elementwise_signature(g: BlockGraph, node: Node, member_of: dict[int, int],
         elif s != shape:
             return None
         elif g.is_const(a):
-            positions.append(("const",))
+            positions.append(("const", str(g.dtype(a))))
         elif a in member_of:
             src = member_of[a]
             positions.append(("slice", src))
@@ -173,8 +173,9 @@ def depths(g: BlockGraph) -> list[int]:
     return out
 
 
-def find_groups(g: BlockGraph) -> list[Group]:
-    """Candidate groups of the graph, by depth then program order (see module doc)."""
+def find_groups(g: BlockGraph, kinds: tuple[str, ...] = ("dot", "elementwise")) -> list[Group]:
+    """Candidate groups of the graph, by depth then program order (see module
+    doc); `kinds` restricts them to matmul ("dot") or "elementwise" groups."""
     depth = depths(g)
     groups: list[Group] = []
     member_of: dict[int, int] = {}  # output value -> its group
@@ -184,9 +185,9 @@ def find_groups(g: BlockGraph) -> list[Group]:
             if depth[node.index] != d:
                 continue
             if node.primitive == "dot_general" and len(node.outs) == 1:
-                sig = _dot_signature(g, node)
+                sig = _dot_signature(g, node) if "dot" in kinds else None
             else:
-                sig = _elementwise_signature(g, node, member_of, groups)
+                sig = _elementwise_signature(g, node, member_of, groups) if "elementwise" in kinds else None
             if sig is not None:
                 buckets.setdefault(sig, []).append(node)
         for sig, members in buckets.items():

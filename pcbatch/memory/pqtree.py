@@ -138,16 +138,18 @@ class PQTree:
         hit = [i for i, lab in enumerate(labels) if lab != _EMPTY]
         return all(labels[i] == _FULL for i in range(hit[0], hit[-1] + 1))
 
-    def reduce(self, subset: Iterable[Hashable]) -> bool:
+    def reduce(self, subset: Iterable[Hashable], *, atomic: bool = True) -> bool:
         """Restrict the tree so every order keeps ``subset`` consecutive.
 
         Returns False, leaving the tree unchanged, if no admitted order does.
+        With ``atomic=False`` a failed reduce may leave the tree half-rewritten
+        (for callers that discard the tree on failure: no copy is made).
         """
         s = self._check(subset)
         if len(s) <= 1:
             return True
         # Work on a copy so a template failing half-way leaves us untouched.
-        trial = self.copy()
+        trial = self.copy() if atomic else self
         try:
             trial._reduce(s)
         except _Infeasible:

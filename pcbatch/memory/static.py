@@ -43,6 +43,7 @@ import numpy as np
 from jax import lax
 
 from pcbatch.ir.core import CONSTANT, TEMPORARY, Block, Prim, StackProgram, op_reads, term_reads
+from pcbatch.ir.verify import verify_stack_program
 
 from .graph import Atom, BlockGraph, Lit, Unsupported, bind, read, trace_run
 from .groups import LITERAL, PACK, SHARED, SLICE, Group, depths, find_groups, member_size
@@ -215,8 +216,8 @@ def _view(op: Any, atoms: tuple[Atom, ...], where: dict[int, tuple[int, int]],
     return _Read("view", source=gid, start=offs[pos[0]][0], stop=offs[pos[-1]][1], axis=op.axis)
 
 
-def _plan_run(g: BlockGraph, mode: str) -> _RunPlan:
-    groups = find_groups(g)
+def _plan_run(g: BlockGraph, mode: str, kinds: tuple[str, ...]) -> _RunPlan:
+    groups = find_groups(g, kinds)
     if not groups:
         return _RunPlan(g, [], [], [], None, {}, {}, False, "no independent same-type ops")
     if mode == "gather":
@@ -414,11 +415,14 @@ def _runs(ops: Sequence[Any]) -> list[tuple[int, int]]:
     return out
 
 
-def layout_program(prog: StackProgram, mode: str = "auto") -> tuple[StackProgram, LayoutReport]:
+def layout_program(prog: StackProgram, mode: str = "auto", kinds: tuple[str, ...] = ("dot", "elementwise")
+                   ) -> tuple[StackProgram, LayoutReport]:
     """Batch independent same-type ops inside each block, on a PQ-tree layout.
 
     Returns the rewritten program (the same object if nothing was rewritten)
     and a `LayoutReport`.  `prog` must be specialized (types inferred).
+    `mode` is "auto", "all" or "gather" (module doc); `kinds` limits the
+    groups to matmuls ("dot") or "elementwise" ops, for measurements.
 
     >>> import jax.numpy as jnp, pcbatch
     >>> @pcbatch.autobatch(in_axes=(None, 0))
@@ -457,7 +461,7 @@ def layout_program(prog: StackProgram, mode: str = "auto") -> tuple[StackProgram
                 new_ops += run
                 continue
             t1 = time.perf_counter()
-            plan = _plan_run(g, mode)
+            plan = _plan_run(g, mode, tuple(kinds))
             t2 = time.perf_counter()
             if not plan.groups:
                 new_ops += run
@@ -494,8 +498,9 @@ def layout_program(prog: StackProgram, mode: str = "auto") -> tuple[StackProgram
     report = LayoutReport(tuple(reports), mode)
     if not changed:
         return prog, report
-    return replace(prog, blocks=tuple(blocks), prelude=tuple(prelude), var_class=var_class,
-                   var_types=var_types), report
+    new = replace(prog, blocks=tuple(blocks), prelude=tuple(prelude), var_class=var_class, var_types=var_types)
+    verify_stack_program(new)
+    return new, report
 
 
 def _scalar_only(run: Sequence[Prim], var_types: Any) -> bool:
