@@ -50,7 +50,7 @@ from benchmarks.common import _shape_bytes, block, fmt_rate, fmt_time, hlo_compu
 from benchmarks.layout_cells import (CELLS, SCALAR_GATES, Cell, cell_block, cell_inputs, step_program, tree_lstm,
                                      tree_lstm_params)
 from pcbatch import _context, data
-from pcbatch.ir.core import CONSTANT, INVARIANT, Prim, StackProgram
+from pcbatch.ir.core import CONSTANT, TEMPORARY, Prim, StackProgram
 from pcbatch.memory import layout_program
 from pcbatch.runtime.machine import eval_prelude, run_prim
 
@@ -111,7 +111,8 @@ def block_function(prog: StackProgram, b: int, lanes: int):
     """The block's Prims over `lanes` lanes, as `fn(consts, lane_values) -> outputs`
     (the machine's `run_prim` on each op; no loop, no masking)."""
     ops = [op for op in prog.blocks[b].ops if isinstance(op, Prim)]
-    written = {v for op in ops for v in op.outs}
+    # What the block leaves in the lanes' registers (temporaries die inside it).
+    written = {v for op in ops for v in op.outs if prog.var_class.get(v) != TEMPORARY}
 
     def fn(consts: dict, lane_values: dict) -> dict:
         env: dict[str, Any] = {}

@@ -374,7 +374,9 @@ def _source_line(g: BlockGraph, node: Any) -> str:
 
         frame = source_info_util.user_frame(node.eqn.source_info.traceback)
         if frame is not None:
-            return f"{os.path.basename(frame.file_name)}:{frame.start_line} ({frame.function_name})"
+            where = f"{os.path.basename(frame.file_name)}:{frame.start_line}"
+            # A statement of the autobatched function runs as pcbatch's compiled op: no function name.
+            return where if frame.function_name.endswith("_pcbatch_op") else f"{where} ({frame.function_name})"
     except Exception:  # pragma: no cover - private JAX API; the statement's line is the fallback
         pass
     op = g.ops[node.op]

@@ -377,3 +377,18 @@ def test_graph_inlines_calls_and_merges_duplicates():
     assert {"lstm_step.p", "lstm_step.x", "lstm_step.h", "lstm_step.c"} <= set(g.inputs)
     groups = find_groups(g)
     assert [grp.depth for grp in groups] == sorted(grp.depth for grp in groups)
+
+
+# ------------------------------------------------------------------ drawings of a report
+def test_viz_draws_a_report_block():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import pcbatch.viz as viz
+
+    blk = cells.step_program(LSTM).layout_report(*cell_args(LSTM))[0]
+    fig = viz.pq_tree(blk)
+    leaves = [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "leaf"]
+    assert sorted(leaves) == sorted(map(str, blk.layout.order))
+    fig = viz.layout_before_after(blk)
+    after = [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "after"]
+    assert after == list(map(str, blk.layout.order))
