@@ -359,8 +359,9 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
         64..2048).
       layout: batch independent same-type ops inside a block (the gate
         matmuls of a cell written with separate weight matrices) on a
-        PQ-tree memory layout, weights packed once before the loop; results
-        are bitwise the same. `True`: in blocks with a matmul group; `"all"`:
+        PQ-tree memory layout, weights packed once before the loop. The same
+        operations on the same values (a packed matmul may round differently
+        in the last bit). `True`: in blocks with a matmul group; `"all"`:
         wherever a group is found; `False`: off. See `layout_report`.
 
     >>> import jax.numpy as jnp, pcbatch

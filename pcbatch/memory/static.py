@@ -17,11 +17,13 @@ type specialization.  For each run of consecutive `Prim` ops in a block it
    packed constant (the weights ``W_i, W_f, ...`` concatenated once, before
    the loop, in the planned member order).
 
-Results are bitwise the same: a packed `dot_general` concatenates weights
-along an output dimension, so each output element is the same reduction over
-the same elements, and an elementwise op computes each element as before.
-(XLA chooses kernels by shape, so a backend could in principle sum a wider
-matmul in another order; the differential tests compare bit for bit.)
+Results: the same operations on the same values.  A packed `dot_general`
+concatenates weights along an output (free) dimension, so each output element
+is the same dot product over the same elements; an elementwise op computes
+each element as before (bit for bit).  XLA chooses a matmul kernel by shape,
+though, and the wider packed matrix may get one that sums in another order:
+on XLA:CPU packed matmuls differ from separate ones by 1-2 ulp on some shapes
+(measured: tests/memory/test_static.py, benchmarks/block_layout.py).
 
 A run is rewritten when it keeps at least one `dot_general` group (mode
 "auto"; measured in benchmarks/block_layout.py: batched matmuls save
