@@ -104,6 +104,7 @@ class _RunPlan:
     orders: dict[int, tuple[int, ...]]
     rewrite: bool
     reason: str
+    label: dict[int, str]  # every value's distinct printable name (PQ-tree leaves, report)
 
 
 def _labels(g: BlockGraph, values: Sequence[int]) -> dict[int, str]:
@@ -130,8 +131,8 @@ def _batch(g: BlockGraph, grp: Group, label: dict[int, str]) -> list[tuple[str, 
     return cols
 
 
-def _plan_layout(g: BlockGraph, groups: list[Group]) -> tuple[list[Group], LayoutResult | None, dict[int, str],
-                                                               dict[int, tuple[int, ...]]]:
+def _plan_layout(g: BlockGraph, groups: list[Group], label: dict[int, str]
+                 ) -> tuple[list[Group], LayoutResult | None, dict[int, str], dict[int, tuple[int, ...]]]:
     """Lay out the groups' values; drop what the planner cannot honour, and
     (transitively) the groups that read a dropped group's result."""
     status: dict[int, str] = {}
@@ -140,7 +141,6 @@ def _plan_layout(g: BlockGraph, groups: list[Group]) -> tuple[list[Group], Layou
     while active:
         values = sorted({a for grp in active for col in [grp.outs(g)] + [op.atoms for op in grp.operands
                          if op.kind in (SLICE, PACK)] for a in col if isinstance(a, int)})
-        label = _labels(g, values)
         res = plan_layout([label[v] for v in values], [_batch(g, grp, label) for grp in active],
                           {label[v]: member_size(g, v) for v in values})
         for n in res.dropped:
@@ -220,13 +220,14 @@ def _view(op: Any, atoms: tuple[Atom, ...], where: dict[int, tuple[int, int]],
 
 def _plan_run(g: BlockGraph, mode: str, kinds: tuple[str, ...]) -> _RunPlan:
     groups = find_groups(g, kinds)
+    label = _labels(g, sorted(g.names))
     if not groups:
-        return _RunPlan(g, [], [], [], None, {}, {}, False, "no independent same-type ops")
+        return _RunPlan(g, [], [], [], None, {}, {}, False, "no independent same-type ops", label)
     if mode == "gather":
         kept, layout, status = groups, None, {}
         orders = {grp.index: tuple(range(len(grp.members))) for grp in groups}
     else:
-        kept, layout, status, orders = _plan_layout(g, groups)
+        kept, layout, status, orders = _plan_layout(g, groups, label)
     codes, packs = _codegen(g, kept, orders, gather=mode == "gather")
     dots = sum(grp.kind == "dot" for grp in kept)
     if not kept:
@@ -237,9 +238,9 @@ def _plan_run(g: BlockGraph, mode: str, kinds: tuple[str, ...]) -> _RunPlan:
         rewrite = True
         reason = f"{len(kept)} groups ({dots} matmul) batched, {len(packs)} constants packed before the loop"
     for grp in groups:
-        status.setdefault(grp.index, "kept")
+        status.setdefault(grp.index, "kept" if rewrite else "found (block not rewritten)")
     return _RunPlan(g, groups, codes if rewrite else [], packs if rewrite else [], layout, status, orders,
-                    rewrite, reason)
+                    rewrite, reason, label)
 
 
 # ------------------------------------------------------------------ code
@@ -387,8 +388,7 @@ def _source_line(g: BlockGraph, node: Any) -> str:
 
 def _report(b: int, block: Block, run: Sequence[Prim], plan: _RunPlan, pack_vars: Sequence[str],
             plan_ms: float, total_ms: float) -> BlockLayout:
-    g = plan.graph
-    label = _labels(g, sorted(g.names))
+    g, label = plan.graph, plan.label
     groups = []
     for grp in plan.groups:
         members, operands = _describe(g, grp, label)
