@@ -378,6 +378,18 @@ def plan_layout(
 
     ``sizes`` gives each variable's element count (default 1) for the packed
     1-D buffer offsets.
+
+    The example of ED-Batch's Figure 3: B1 computes x4 = a(x1, x2) and
+    x5 = a(x3, x1); B2 computes x8, x6, x7 = s(x3), s(x4), s(x5).
+
+    >>> x = [f"x{i}" for i in range(1, 9)]
+    >>> b1 = batch_from_ops([("x4", "x1", "x2"), ("x5", "x3", "x1")])   # per op: result, sources
+    >>> b2 = batch_from_ops([("x8", "x3"), ("x6", "x4"), ("x7", "x5")])
+    >>> res = plan_layout(x, [b1, b2])
+    >>> res.honoured, " ".join(res.order)
+    ([0, 1], 'x8 x6 x7 x2 x1 x3 x4 x5')
+    >>> str(res.tree)
+    '((x8 (x6 x7)) [x2 x1 x3 (x4 x5)])'
     """
     variables = list(variables)
     norm = _normalise(batches, set(variables))

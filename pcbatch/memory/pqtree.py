@@ -79,7 +79,16 @@ def _group(nodes: list[PQNode]) -> PQNode:
 
 
 class PQTree:
-    """PQ-tree over distinct hashable ``leaves``; starts out admitting every order."""
+    """PQ-tree over distinct hashable ``leaves``; starts out admitting every order.
+
+    >>> t = PQTree("abcd")
+    >>> t.reduce("ab"), t.reduce("bc")          # keep {a, b} and {b, c} consecutive
+    (True, True)
+    >>> str(t)                                  # ( ) P-node: any order; [ ] Q-node: this order or reversed
+    '(d [a b c])'
+    >>> t.reduce("ac")                          # a and c are never next to each other now
+    False
+    """
 
     def __init__(self, leaves: Iterable[Hashable]):
         values = list(leaves)

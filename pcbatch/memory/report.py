@@ -1,15 +1,16 @@
 """What the block-layout pass did, per run of straight-line code: `LayoutReport`.
 
-    >>> import jax, jax.numpy as jnp, pcbatch
-    >>> @pcbatch.autobatch(in_axes=(None, 0))
-    ... def gates(p, x):
-    ...     return jnp.tanh(p["A"] @ x) + jnp.tanh(p["B"] @ x)
-    >>> p = {"A": jnp.ones((3, 2)), "B": jnp.ones((3, 2))}
-    >>> report = gates.layout_report(p, jnp.ones((4, 2)))
+    >>> import jax.numpy as jnp, pcbatch
+    >>> @pcbatch.autobatch(in_axes=(None, 0, 0))
+    ... def gates(p, x, n):
+    ...     for _ in range(n):
+    ...         x = jnp.tanh(p["A"] @ x) + jnp.tanh(p["B"] @ x)
+    ...     return x
+    >>> report = gates.layout_report({"A": jnp.eye(2), "B": jnp.eye(2)}, jnp.ones((4, 2)), jnp.arange(4))
     >>> [b.rewritten for b in report]
     [True]
-    >>> print(report.blocks[0].groups[0].summary())
-    G0 dot_general x2 [kept]: A@x, B@x
+    >>> print(report[0].groups[0].summary())
+    G0 dot_general x2 [kept]: x:0 = p.A @ x, x:2 = p.B @ x
 """
 from __future__ import annotations
 

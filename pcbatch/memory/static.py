@@ -429,13 +429,17 @@ def layout_program(prog: StackProgram, mode: str = "auto", kinds: tuple[str, ...
     groups to matmuls ("dot") or "elementwise" ops, for measurements.
 
     >>> import jax.numpy as jnp, pcbatch
-    >>> @pcbatch.autobatch(in_axes=(None, 0))
-    ... def two(p, x):
-    ...     return jnp.tanh(p["A"] @ x) * jnp.tanh(p["B"] @ x)
-    >>> prog = two.with_options(layout=False).lowered({"A": jnp.ones((3, 2)), "B": jnp.ones((3, 2))}, jnp.ones((4, 2)))
-    >>> new, report = layout_program(prog)
-    >>> len(new.prelude) - len(prog.prelude)   # one packed weight [6, 2]
-    1
+    >>> from pcbatch import _context
+    >>> @pcbatch.autobatch(in_axes=(None, 0, 0), layout=False)
+    ... def two(p, x, n):
+    ...     for _ in range(n):
+    ...         x = jnp.tanh(p["A"] @ x) * jnp.tanh(p["B"] @ x)
+    ...     return x
+    >>> prog = two.lowered({"A": jnp.eye(2), "B": jnp.eye(2)}, jnp.ones((4, 2)), jnp.arange(4))
+    >>> with _context.in_building():
+    ...     new, report = layout_program(prog)
+    >>> [op.text for op in new.prelude[len(prog.prelude):]]   # one packed weight [4, 2]
+    ['pack p.A, p.B']
     """
     if mode not in MODES:
         raise ValueError(f"layout mode must be one of {MODES}, got {mode!r}")

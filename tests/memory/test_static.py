@@ -392,3 +392,16 @@ def test_viz_draws_a_report_block():
     fig = viz.layout_before_after(blk)
     after = [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "after"]
     assert after == list(map(str, blk.layout.order))
+
+
+def test_docstring_examples():
+    import doctest
+
+    import pcbatch.memory.layout
+    import pcbatch.memory.pqtree
+    import pcbatch.memory.report
+    import pcbatch.memory.static
+
+    for mod in (pcbatch.memory.pqtree, pcbatch.memory.layout, pcbatch.memory.report, pcbatch.memory.static):
+        failures, tried = doctest.testmod(mod)
+        assert failures == 0 and tried > 0, mod.__name__
