@@ -112,7 +112,10 @@ class BlockGraph:
         return isinstance(a, Lit) or a in self.const
 
     def name(self, a: Atom) -> str:
-        return repr(np.asarray(a.value).tolist()) if isinstance(a, Lit) else self.names[a]
+        if not isinstance(a, Lit):
+            return self.names[a]
+        x = np.asarray(a.value)
+        return repr(x.tolist()) if x.size == 1 else f"<constant {x.dtype.name}[{','.join(map(str, x.shape))}]>"
 
     def evaluate(self, env: dict[int, Any], nodes: Sequence[Node]) -> None:
         """Run `nodes` (in order) on the values in `env`, adding their results."""
@@ -125,10 +128,10 @@ def read(env: Mapping[int, Any], a: Atom) -> Any:
     return a.value if isinstance(a, Lit) else env[a]
 
 
-def bind(node: Node, args: Sequence[Any], eqn: Any = None) -> list[Any]:
+def bind(node: Node, args: Sequence[Any]) -> list[Any]:
     """Apply a node's primitive (with its parameters) to `args`, like
     `jax.core.eval_jaxpr` does for one equation."""
-    eqn = eqn or node.eqn
+    eqn = node.eqn
     params = eqn.primitive.get_bind_params(eqn.params)
     with eqn.ctx.manager:
         out = eqn.primitive.bind(*args, **params)
