@@ -19,6 +19,7 @@ from pcbatch.fsm import get_scheduler
 from pcbatch.ir.core import Program, StackProgram
 from pcbatch.ir.interpret import Trace, run_stack_program
 from pcbatch.lower import lower, specialize
+from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.runtime import MachineConfig, Status, run_machine
 from pcbatch.runtime.machine import StackLayout, new_workspace, workspace_shapes
 
@@ -59,8 +60,8 @@ class Autobatched:
 
     def __init__(self, fn: Callable, *, in_axes: Any = 0, max_stack_depth: int = 64,
                  max_steps: int | None = None, schedule: Any = "auto", fork: bool = True,
-                 max_lanes: int | None = None, lane_width: int | None = None, mesh: Any = None,
-                 axis_name: Any = None):
+                 max_lanes: int | None = None, lane_width: int | None = None, layout: bool | str = True,
+                 mesh: Any = None, axis_name: Any = None):
         if not callable(fn):
             raise TypeError(f"pcbatch.autobatch expects a function, got {fn!r}")
         if max_stack_depth < 1:
@@ -68,6 +69,8 @@ class Autobatched:
         for name, value in (("max_lanes", max_lanes), ("lane_width", lane_width)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if layout not in (True, False, "all"):
+            raise ValueError(f"layout must be True, False or 'all', got {layout!r}")
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.in_axes = in_axes
@@ -82,10 +85,12 @@ class Autobatched:
             raise ValueError("axis_name= needs mesh= (the jax.sharding.Mesh whose axis it names)")
         self.mesh, self.axis_name = mesh, axis_name
         self._sharding = None if mesh is None else _sharding.BatchSharding.of(mesh, axis_name)
+        self.layout = layout
         self.signature = inspect.signature(fn)
         self._program: Program | None = None
         self._lowered: dict[tuple[bool, ...], StackProgram] = {}
         self._compiled: dict[Any, tuple[StackProgram, Callable]] = {}
+        self._layout_reports: dict[Any, LayoutReport] = {}
         # The last call's stacks per signature, donated to the next call: stacks
         # are never read before written, so reusing them skips a zero fill.
         self._workspaces: dict[Any, Any] = {}
@@ -155,6 +160,20 @@ class Autobatched:
         prog = self.lowered(*args)
         return [run_stack_program(prog, example, max_steps=max_steps) for example in self._examples(prog, args)]
 
+    def layout_report(self, *args: Any) -> LayoutReport:
+        """What the block-layout pass does for these arguments: per run of
+        straight-line code with independent same-type ops, the groups found,
+        the PQ-tree, the order chosen, the constants packed before the loop and
+        the planning time. `print` it; `pcbatch.viz.pq_tree(report[0].layout.tree)`
+        draws a tree. With `layout=False` it says what the pass would do."""
+        prog, _, _, _ = self._prepare(args)
+        for key, (compiled, _) in self._compiled.items():
+            if compiled is prog and key in self._layout_reports:
+                return self._layout_reports[key]
+        with _context.in_building():
+            report = layout_program(prog, "auto")[1]
+        return dataclasses.replace(report, applied=False)
+
     def with_schedule(self, schedule: Any) -> "Autobatched":
         """The same function run under another scheduler."""
         return self.with_options(schedule=schedule)
@@ -164,7 +183,7 @@ class Autobatched:
         `tree_lstm.with_options(fork=False)` for one lane per example."""
         current = dict(in_axes=self.in_axes, max_stack_depth=self.max_stack_depth, max_steps=self.max_steps,
                        schedule=self.schedule, fork=self.fork, max_lanes=self.max_lanes, lane_width=self.lane_width,
-                       mesh=self.mesh, axis_name=self.axis_name)
+                       layout=self.layout, mesh=self.mesh, axis_name=self.axis_name)
         unknown = set(options) - set(current)
         if unknown:
             raise TypeError(f"unknown autobatch option(s): {', '.join(sorted(unknown))}")
@@ -245,6 +264,8 @@ class Autobatched:
                      for p, v, s in zip(prog.entry_params, values, shared)}
             with _context.in_building():
                 prog = specialize(prog, types)
+                if self.layout:
+                    prog, self._layout_reports[key] = layout_program(prog, "all" if self.layout == "all" else "auto")
             if sharding is None:
                 runner = jax.jit(functools.partial(self._machine, prog, batch), donate_argnums=(1,))
             else:  # one machine per device (pcbatch/sharding.py)
@@ -339,8 +360,8 @@ class Autobatched:
 
 def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: int = 64,
               max_steps: int | None = None, schedule: Any = "auto", fork: bool = True,
-              max_lanes: int | None = None, lane_width: int | None = None, mesh: Any = None,
-              axis_name: Any = None) -> Any:
+              max_lanes: int | None = None, lane_width: int | None = None, layout: bool | str = True,
+              mesh: Any = None, axis_name: Any = None) -> Any:
     """Batch a single-example function (recursion and control flow included).
 
     Usable as `@autobatch`, `@autobatch(in_axes=(0, None))` or `autobatch(f, ...)`.
@@ -362,6 +383,12 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
         lane (slower, same result).
       lane_width: most lanes one VM step runs (default 16 per example, within
         64..2048).
+      layout: batch independent same-type ops inside a block (the gate
+        matmuls of a cell written with separate weight matrices) on a
+        PQ-tree memory layout, weights packed once before the loop. The same
+        operations on the same values (a packed matmul may round differently
+        in the last bit). `True`: in blocks with a matmul group; `"all"`:
+        wherever a group is found; `False`: off. See `layout_report`.
       mesh, axis_name: shard the batch over `axis_name` of this
         `jax.sharding.Mesh` (default: its only axis), one machine and
         scheduler per device with no communication inside the loop; the
@@ -383,7 +410,8 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
     Array([  0,   8, 111], dtype=int32)
     """
     options = dict(in_axes=in_axes, max_stack_depth=max_stack_depth, max_steps=max_steps, schedule=schedule,
-                   fork=fork, max_lanes=max_lanes, lane_width=lane_width, mesh=mesh, axis_name=axis_name)
+                   fork=fork, max_lanes=max_lanes, lane_width=lane_width, layout=layout, mesh=mesh,
+                   axis_name=axis_name)
     if fn is None:
         return lambda f: Autobatched(f, **options)
     return Autobatched(fn, **options)

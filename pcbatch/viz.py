@@ -2,7 +2,7 @@
 
 Every function takes the objects the rest of pcbatch returns (`fsm.Schedule`,
 `fsm.ExecGraph`, `fsm.Policy`, `pcbatch.ir.Trace`, `memory.PQTree`,
-`memory.LayoutResult`) and returns a `matplotlib.figure.Figure`.  Figures are
+`memory.LayoutResult`, a block of `f.layout_report(...)`) and returns a `matplotlib.figure.Figure`.  Figures are
 made without pyplot and carry an Agg canvas, so they work headless (no display,
 any backend) and never pile up in pyplot's figure registry; in Jupyter a
 returned figure is shown as the cell's value (run ``%matplotlib inline`` first).
@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from pcbatch.fsm import ExecGraph, Policy, Schedule
     from pcbatch.ir.core import StackProgram
     from pcbatch.ir.interpret import Trace
-    from pcbatch.memory import LayoutResult, PQNode, PQTree
+    from pcbatch.memory import BlockLayout, LayoutResult, PQNode, PQTree
 
 __all__ = [
     "block_colour",
@@ -436,9 +436,12 @@ def _tree_positions(root: PQNode) -> dict[int, tuple[float, float, PQNode]]:
     return out
 
 
-def pq_tree(tree: PQTree | PQNode, *, ax: Axes | None = None, title: str | None = None) -> Figure:
+def pq_tree(tree: PQTree | PQNode | LayoutResult | BlockLayout, *, ax: Axes | None = None,
+            title: str | None = None) -> Figure:
     """Draw a PQ-tree: P-nodes (children in any order) as circles, Q-nodes
     (children in this order or reversed) as rectangles, leaves as their labels.
+    Also takes a `memory.LayoutResult` or a block of `f.layout_report(...)`
+    (`memory.BlockLayout`): their final tree.
 
     >>> import pcbatch.viz as viz
     >>> from pcbatch.memory import PQTree
@@ -451,6 +454,8 @@ def pq_tree(tree: PQTree | PQNode, *, ax: Axes | None = None, title: str | None 
     """
     from matplotlib.patches import Circle, Rectangle
 
+    if hasattr(tree, "layout") or hasattr(tree, "placements"):  # a BlockLayout or a LayoutResult
+        tree = _layout_result(tree).tree
     root = tree.root if hasattr(tree, "root") else tree
     if root is None:
         fig, ax = _figure(ax, (3, 2))
@@ -486,9 +491,19 @@ def pq_tree(tree: PQTree | PQNode, *, ax: Axes | None = None, title: str | None 
     return fig
 
 
-def layout_before_after(result: LayoutResult, *, ax: Axes | None = None) -> Figure:
-    """The packed buffer before (variables in the order given to `plan_layout`)
-    and after (``result.order``): one cell per variable, as wide as its size.
+def _layout_result(obj: Any) -> Any:
+    """A `LayoutResult`, given one or a `BlockLayout` of a layout report."""
+    if hasattr(obj, "placements"):
+        return obj
+    if getattr(obj, "layout", None) is None:
+        raise ValueError(f"{obj!r} has no layout (no candidate groups in this block)")
+    return obj.layout
+
+
+def layout_before_after(result: LayoutResult | BlockLayout, *, ax: Axes | None = None) -> Figure:
+    """The packed buffer before (variables in the order given to `plan_layout`;
+    for a block of `f.layout_report(...)`, program order) and after
+    (``result.order``): one cell per variable, as wide as its size.
 
     Each operand slice of an honoured batch has its own colour, so its
     variables show up scattered before and contiguous after; grey variables
@@ -503,6 +518,7 @@ def layout_before_after(result: LayoutResult, *, ax: Axes | None = None) -> Figu
     """
     from matplotlib.patches import Patch, Rectangle
 
+    result = _layout_result(result)
     before = list(result.sizes)  # plan_layout fills sizes in input order
     after = list(result.order)
     size = {v: int(result.sizes.get(v, 1)) for v in after}

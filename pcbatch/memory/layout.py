@@ -29,9 +29,12 @@ Passes, as in the paper:
 Every order of the fixed tree that satisfies the equalities honours all the
 batches, and every honouring order is such an order, so feasibility checks
 are exact.  Batches are added greedily, in the order given; one that cannot
-be honoured together with those accepted before it is dropped whole.
-Re-running passes 2-3 per added batch is quadratic in the number of batches,
-which is fine for basic blocks and keeps rollback trivial (work on a copy).
+be honoured together with those accepted before it is dropped whole (the
+paper's ``B.erase(b)``).  The greedy result is found without adding batches one
+at a time: all of them are tried at once (the common case: nothing to drop,
+one run of the passes), and otherwise the first batch that cannot be added is
+found by bisecting over prefixes (a prefix of a feasible list is feasible), so
+a plan costs O(1 + d log B) runs of the passes for d dropped batches of B.
 """
 
 from __future__ import annotations
@@ -207,7 +210,7 @@ def _broadcast_constraints(tree: PQTree, batches: list[_Batch]) -> bool:
                 for g in b.tied:
                     s = frozenset(g[i] for i in c)
                     if not shape.implies(s):
-                        if not tree.reduce(s):
+                        if not tree.reduce(s, atomic=False):  # on failure the caller drops the tree
                             return False
                         shape, changed = _Shape(tree), True
     return True
@@ -328,15 +331,40 @@ def _leaf_order(tree: PQTree, uf: _OrderUnionFind) -> list[Var]:
     return out
 
 
-def _try_add(tree: PQTree, accepted: list[_Batch], batch: _Batch) -> PQTree | None:
-    """The tree with ``batch`` added to ``accepted``, or None if infeasible."""
-    trial = tree.copy()
-    if not all(trial.reduce(g) for g in batch.tied):
+def _feasible(variables: list[Var], batches: list[_Batch]) -> PQTree | None:
+    """The tree honouring all ``batches`` at once (adjacency, BroadcastConstraint
+    and DecideNodesOrder all succeed), or None if no order honours them all."""
+    tree = PQTree(variables)
+    if not all(tree.reduce(g, atomic=False) for b in batches for g in b.tied):
         return None
-    active = accepted + [batch]
-    if not _broadcast_constraints(trial, active) or _decide_orders(trial, active) is None:
+    if not _broadcast_constraints(tree, batches) or _decide_orders(tree, batches) is None:
         return None
-    return trial
+    return tree
+
+
+def _greedy(variables: list[Var], norm: list[_Batch]) -> tuple[PQTree, list[int], list[int]]:
+    """Honoured and dropped batch indices, as adding them one by one in order
+    (dropping each that conflicts with those kept before it) would give."""
+    rest = [n for n, b in enumerate(norm) if b.tied]
+    accepted: list[int] = []
+    dropped: list[int] = []
+    while True:
+        tree = _feasible(variables, [norm[n] for n in accepted + rest])
+        if tree is not None:
+            accepted += rest
+            break
+        lo, hi = 0, len(rest) - 1  # accepted + rest[:lo] is feasible; accepted + rest[:hi + 1] is not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _feasible(variables, [norm[n] for n in accepted + rest[:mid + 1]]) is not None:
+                lo = mid + 1
+            else:
+                hi = mid
+        accepted += rest[:lo]
+        dropped.append(rest[lo])
+        rest = rest[lo + 1:]
+    honoured = sorted(set(range(len(norm))) - set(dropped))
+    return tree, honoured, dropped
 
 
 # ---------------------------------------------------------------------- entry
@@ -350,23 +378,25 @@ def plan_layout(
 
     ``sizes`` gives each variable's element count (default 1) for the packed
     1-D buffer offsets.
+
+    The example of ED-Batch's Figure 3: B1 computes x4 = a(x1, x2) and
+    x5 = a(x3, x1); B2 computes x8, x6, x7 = s(x3), s(x4), s(x5).
+
+    >>> x = [f"x{i}" for i in range(1, 9)]
+    >>> b1 = batch_from_ops([("x4", "x1", "x2"), ("x5", "x3", "x1")])   # per op: result, sources
+    >>> b2 = batch_from_ops([("x8", "x3"), ("x6", "x4"), ("x7", "x5")])
+    >>> res = plan_layout(x, [b1, b2])
+    >>> res.honoured, " ".join(res.order)
+    ([0, 1], 'x8 x6 x7 x2 x1 x3 x4 x5')
+    >>> str(res.tree)
+    '((x8 (x6 x7)) [x2 x1 x3 (x4 x5)])'
     """
     variables = list(variables)
-    tree = PQTree(variables)
     norm = _normalise(batches, set(variables))
-    accepted: list[_Batch] = []
-    honoured: list[int] = []
-    dropped: list[int] = []
-    for n, b in enumerate(norm):
-        trial = _try_add(tree, accepted, b) if b.tied else tree
-        if trial is None:
-            dropped.append(n)
-            continue
-        tree = trial
-        accepted.append(b)
-        honoured.append(n)
+    tree, honoured, dropped = _greedy(variables, norm)
+    accepted = [norm[n] for n in honoured]
     uf = _decide_orders(tree, accepted)
-    assert uf is not None  # every accepted prefix was checked
+    assert uf is not None  # _greedy checked the accepted batches together
     order = _leaf_order(tree, uf)
 
     size = {v: int(sizes[v]) if sizes is not None and v in sizes else 1 for v in variables}

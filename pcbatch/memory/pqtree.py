@@ -79,7 +79,16 @@ def _group(nodes: list[PQNode]) -> PQNode:
 
 
 class PQTree:
-    """PQ-tree over distinct hashable ``leaves``; starts out admitting every order."""
+    """PQ-tree over distinct hashable ``leaves``; starts out admitting every order.
+
+    >>> t = PQTree("abcd")
+    >>> t.reduce("ab"), t.reduce("bc")          # keep {a, b} and {b, c} consecutive
+    (True, True)
+    >>> str(t)                                  # ( ) P-node: any order; [ ] Q-node: this order or reversed
+    '(d [a b c])'
+    >>> t.reduce("ac")                          # a and c are never next to each other now
+    False
+    """
 
     def __init__(self, leaves: Iterable[Hashable]):
         values = list(leaves)
@@ -138,16 +147,18 @@ class PQTree:
         hit = [i for i, lab in enumerate(labels) if lab != _EMPTY]
         return all(labels[i] == _FULL for i in range(hit[0], hit[-1] + 1))
 
-    def reduce(self, subset: Iterable[Hashable]) -> bool:
+    def reduce(self, subset: Iterable[Hashable], *, atomic: bool = True) -> bool:
         """Restrict the tree so every order keeps ``subset`` consecutive.
 
         Returns False, leaving the tree unchanged, if no admitted order does.
+        With ``atomic=False`` a failed reduce may leave the tree half-rewritten
+        (for callers that discard the tree on failure: no copy is made).
         """
         s = self._check(subset)
         if len(s) <= 1:
             return True
         # Work on a copy so a template failing half-way leaves us untouched.
-        trial = self.copy()
+        trial = self.copy() if atomic else self
         try:
             trial._reduce(s)
         except _Infeasible:

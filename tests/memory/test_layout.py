@@ -192,3 +192,62 @@ def test_greedy_layout_matches_brute_force(problem):
     assert tuple(res.order) in feasible
     assert all(honours(res.order, batches[n]) for n in res.honoured)
     check_placements(res, batches)
+
+
+# ------------------------------------------------------- decided node orders
+def _orders_with_choices(node):
+    """Every order below `node`, each with the choice made at every internal
+    node (a P-node: which child at each position; a Q-node: (0, 1) or (1, 0))."""
+    if node.kind == "leaf":
+        yield (node.value,), {}
+        return
+    subs = [list(_orders_with_choices(c)) for c in node.children]
+    n = len(subs)
+    if node.kind == "P":
+        arrangements = [(p, p) for p in itertools.permutations(range(n))]
+    else:
+        arrangements = [(tuple(range(n)), (0, 1)), (tuple(range(n - 1, -1, -1)), (1, 0))]
+    for arrangement, choice in arrangements:
+        for parts in itertools.product(*(subs[i] for i in arrangement)):
+            choices = {id(node): (node, choice)}
+            for _, ch in parts:
+                choices.update(ch)
+            yield tuple(itertools.chain.from_iterable(o for o, _ in parts)), choices
+
+
+def decided_orders(res, batches):
+    """The orders of the final tree whose node choices satisfy the union-find's
+    equalities (order(n) = t o order(root of n)): what DecideNodesOrder allows."""
+    from pcbatch.memory.layout import _decide_orders, _normalise
+
+    norm = _normalise(batches, set(res.order))
+    uf = _decide_orders(res.tree, [norm[n] for n in res.honoured])
+    out = set()
+    for order, choices in _orders_with_choices(res.tree.root):
+        ok = True
+        for node, choice in choices.values():
+            root, t = uf.find(node)
+            if root is not node:
+                root_choice = choices[id(root)][1]
+                ok &= choice == tuple(t[i] for i in root_choice)
+        if ok:
+            out.add(order)
+    return out
+
+
+def test_figure_4_decided_orders_are_exactly_the_aligned_ones():
+    # Q-node directions tied across the batches (the paper's <Q2,<-> <=> <Q5,->)
+    # and P-node permutations: exactly the orders honouring B1 and B2.
+    res = plan_layout(X, [B1, B2])
+    _, aligned = greedy_brute_force(X, [B1, B2])
+    assert decided_orders(res, [B1, B2]) == aligned
+    assert ("x2", "x1", "x3", "x4", "x5", "x8", "x6", "x7") in aligned  # the paper's layout
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(problems(max_n=6))
+def test_decided_orders_match_brute_force(problem):
+    variables, batches = problem
+    res = plan_layout(variables, batches)
+    _, feasible = greedy_brute_force(variables, batches)
+    assert decided_orders(res, batches) == feasible
