@@ -88,7 +88,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental import checkify
 
 from pcbatch.ir.core import CONSTANT, INVARIANT, Fork, Join, StackProgram, op_reads, op_writes
 from pcbatch.runtime.machine import (
@@ -99,6 +98,7 @@ from pcbatch.runtime.machine import (
     block_dataflow,
     eval_prelude,
     run_machine,
+    run_prim,
     stack_offsets,
 )
 from pcbatch.runtime.pool import PoolMachine, _first, _gather
@@ -477,6 +477,7 @@ class Backward:
             if g.spawn:
                 out["kids"] = pad(kids.reshape(-1), M)
             ex = jnp.where(valid, example, B)
+            out["ex"] = pad(ex, B)
             out["inv"] = {v: (pad(ex, B), [pad(x) for x in _add(ct_in["inv"].get(v) or _zeros(types[v], (w,)),
                                                                   extra_inv.get(v) or [None] * len(floats(types[v])))])
                           for v in g.inv_in if is_float(types[v])}
@@ -512,13 +513,18 @@ class Backward:
                 ct_inv[v] = [a.at[ex].add(x.astype(a.dtype), mode="drop") for a, x in zip(ct_inv[v], vals)]
             for v, vals in out["const"].items():
                 ct_const[v] = [a + x.astype(a.dtype) for a, x in zip(ct_const[v], vals)]
-            return {**state, "cot": cot, "acc": acc, "inv": ct_inv, "const": ct_const}
+            used_inv = {**state["used_inv"], **{v: state["used_inv"][v].at[out["ex"]].set(True, mode="drop")
+                                                 for v in g.inv_in}}
+            used_const = {**state["used_const"], **{v: jnp.ones((), bool) for v in g.const_in}}
+            return {**state, "cot": cot, "acc": acc, "inv": ct_inv, "const": ct_const, "used_inv": used_inv,
+                    "used_const": used_const}
 
         return go
 
     def run(self, consts: dict[str, Any], inv: dict[str, Any], tape: dict[str, Any], ct_result: list):
         """Cotangents `(constants, invariants [examples], entry registers
-        [examples])` from the result's (float leaves, `[examples, ...]`)."""
+        [examples])` from the result's (float leaves, `[examples, ...]`), and
+        which invariants per example / constants the recorded blocks read."""
         p, prog = self.plan, self.plan.prog
         types, M, B = prog.var_types, p.lanes, p.examples
         cot = {v: _zeros(types[v], (M,)) for v in p.float_regs}
@@ -530,6 +536,9 @@ class Backward:
             "acc": {s: _zeros(p.layout.stacks[s], (p.events[s],)) for s in p.float_stacks},
             "inv": {v: _zeros(types[v], (B,)) for v in inv if is_float(types[v])},
             "const": {v: _zeros(types[v], ()) for v in consts if is_float(types[v])},
+            # which examples' invariants (and which constants) a recorded block read: see `masked_prelude`
+            "used_inv": {v: jnp.zeros((B,), bool) for v in inv},
+            "used_const": {v: jnp.zeros((), bool) for v in consts},
         }
         steps = [self.block_step(g, consts, inv) for g in p.blocks]
         rows_all = tape["rows"]
@@ -546,7 +555,54 @@ class Backward:
 
         final = lax.while_loop(lambda s: s["t"] > 0, body, state)
         regs = {v: [c[:B] for c in final["cot"][v]] for v in final["cot"]}
-        return final["const"], final["inv"], regs
+        return final["const"], final["inv"], regs, (final["used_inv"], final["used_const"])
+
+
+def masked_prelude(prog: StackProgram, inputs: dict[str, Any], used_inv: dict[str, jax.Array],
+                   used_const: dict[str, jax.Array]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`eval_prelude`, for its VJP: lowering hoists constants and invariants
+    out of the blocks that use them, so the prelude computes them for every
+    example, also where the example's path never reads them (`sqrt(x)` of an
+    `if x > 0` branch, for x = 0). Where an op's results are not read (per
+    example for invariants, from `used_*`, propagated through the prelude),
+    its inputs enter as `where(used, x, stop_gradient(x))`: no cotangent
+    reaches them, not even the NaN of 0 x inf."""
+    cls, types = prog.var_class, prog.var_types
+    need: dict[str, jax.Array] = {**used_inv, **used_const}
+    op_need: dict[int, jax.Array] = {}
+    for k in reversed(range(len(prog.prelude))):
+        op = prog.prelude[k]
+        outs = [need[o] for o in op.outs if o in need]
+        if not outs:
+            continue
+        per_example = any(cls.get(o) == INVARIANT for o in op.outs)
+        m = outs[0]
+        for o in outs[1:]:
+            m = m | o
+        if not per_example:
+            m = jnp.any(m)
+        op_need[k] = m
+        for i in op.ins:
+            mi = m if cls.get(i) == INVARIANT else jnp.any(m)
+            need[i] = need[i] | mi if i in need else mi
+    consts = {v: x for v, x in inputs.items() if cls.get(v) == CONSTANT}
+    inv = {v: x for v, x in inputs.items() if cls.get(v) == INVARIANT}
+    for k, op in enumerate(prog.prelude):
+        m = op_need.get(k, jnp.zeros((), bool))
+        examples = next((inv[i] for i in op.ins if i in inv), None)
+
+        def read(v: str, m=m, examples=examples) -> tuple[Any, bool]:
+            x, batched = (inv[v], True) if v in inv else (consts[v], False)
+            if m.ndim == 1 and not batched:  # a constant in a per-example op: masked per example too
+                b = tree_util.tree_leaves(examples)[0].shape[0]
+                x, batched = tree_map(lambda a: jnp.broadcast_to(a, (b,) + a.shape), x), True
+            keep = lambda a: jnp.where(m.reshape(m.shape + (1,) * (a.ndim - m.ndim)), a,  # noqa: E731
+                                       lax.stop_gradient(a))
+            return tree_map(keep, x), batched
+
+        for v, x in run_prim(op, read, types, None).items():
+            (inv if cls.get(v) == INVARIANT else consts)[v] = x
+    return consts, inv
 
 
 # --- the custom_vjp -------------------------------------------------------------
@@ -579,8 +635,8 @@ class Differentiable:
     entry inputs, with a `jax.custom_vjp` that records a tape and replays it.
 
     `primal(inputs)` runs the plain machine (used when nothing is
-    differentiated); `check(status)` runs on concrete forward results (eager
-    differentiation) and may raise; `tape_size` is rows per block per example.
+    differentiated); `check(status, inputs)` runs on concrete forward results
+    (eager differentiation) and may raise; `tape_size` is rows per block per example.
     """
 
     def __init__(self, prog: StackProgram, num_lanes: int, config: MachineConfig, batched: frozenset[str],
@@ -619,29 +675,31 @@ class Differentiable:
         prog = self.prog
         types, B = prog.var_types, plan.examples
         entry = [p for p in prog.entry_params if p in self.batched and p in plan.float_regs]
+        consts, inv = eval_prelude(prog, inputs)
+        ct_const, ct_inv, ct_regs, used = Backward(plan).run(consts, inv, tape, ct_result)
 
         def start(diff):
             full = {p: with_floats(inputs[p], diff[p]) for p in inputs}
-            consts, inv = eval_prelude(prog, full)
+            consts, inv = masked_prelude(prog, full, *used)
             regs = {p: floats(_cast(full[p], types[p], B)) for p in entry}
-            cts = ({v: floats(x) for v, x in consts.items() if is_float(types[v])},
-                   {v: floats(x) for v, x in inv.items() if is_float(types[v])}, regs)
-            return cts, (consts, inv)
+            return ({v: floats(x) for v, x in consts.items() if is_float(types[v])},
+                    {v: floats(x) for v, x in inv.items() if is_float(types[v])}, regs)
 
-        diff = {p: floats(x) for p, x in inputs.items()}
-        _, pull, (consts, inv) = jax.vjp(start, diff, has_aux=True)
-        ct_const, ct_inv, ct_regs = Backward(plan).run(consts, inv, tape, ct_result)
+        _, pull = jax.vjp(start, {p: floats(x) for p, x in inputs.items()})
         (ct,) = pull((ct_const, ct_inv, {p: ct_regs[p] for p in entry}))
         return ct
 
-    def __call__(self, inputs: dict[str, Any], primal: Callable, check: Callable) -> tuple[Any, Any]:
+    def __call__(self, inputs: dict[str, Any], primal: Callable, check: Callable) -> tuple[Any, Any, jax.Array]:
+        """`(result, status, need)`: `need` is 0, or (differentiated, the tape
+        overflowed inside jit) the `tape_size` this call needs; the caller
+        reports it (checkify), the gradients are NaN."""
         prog, batched = self.prog, self.batched
         diff_keys = {p for p in prog.entry_params if is_float(inputs[p])}
         used: list[int] = []  # the tape size the forward rule chose, for the backward rule
 
         @jax.custom_vjp
         def call(inputs):
-            return primal(inputs)
+            return (*primal(inputs), jnp.zeros((), jnp.int32))
 
         def fwd(inputs):
             concrete = not any(isinstance(x, jax.core.Tracer) for x in tree_util.tree_leaves(inputs))
@@ -658,13 +716,9 @@ class Differentiable:
                 result, status, tape = forward(inputs)
             used.append(plan.capacity // plan.examples)
             if concrete:
-                check(status)
-            else:
-                overflow = Plan.overflowed(tape, plan.capacity, plan.log_size)
-                checkify.check(~overflow, "pcbatch: the gradient tape overflowed: pass tape_size={need} or more "
-                               "to pcbatch.autobatch (rows per block per example; now " f"{used[-1]})",
-                               need=_needed_traced(plan, tape), debug=True)
-            return (result, status), (inputs, tape, status)
+                check(status, inputs)
+            need = jnp.where(Plan.overflowed(tape, plan.capacity, plan.log_size), _needed_traced(plan, tape), 0)
+            return (result, status, need), (inputs, tape, status)
 
         def bwd(res, cts):
             inputs, tape, status = res
