@@ -314,16 +314,23 @@ class Autobatched:
             result, status, _ = runner(inputs, new_workspace(prog, batch, config[1]))
             return result, status
 
-        def check(status: Status) -> None:
-            if raise_errors:
-                self._raise_for(status, prog, args)
+        def check(status: Status, inputs: dict[str, Any]) -> None:
+            if raise_errors:  # `args` are tracers here, `inputs` concrete
+                shared = dict(zip(prog.entry_params, self._shared[runner]))
+                examples = [{p: x if shared[p] else tree_util.tree_map(lambda a: a[i], x) for p, x in inputs.items()}
+                            for i in range(batch)]
+                self._raise_for(status, prog, args, examples)
 
         try:
-            return self._differentiable(prog, runner, batch)(inputs, primal, check)
+            result, status, need = self._differentiable(prog, runner, batch)(inputs, primal, check)
         except TypeError as e:
             if "forward-mode" in str(e) and not isinstance(e, ForwardModeError):
                 raise ForwardModeError(self.__qualname__) from None
             raise
+        # A tape that overflowed inside jit could not grow: its gradients are NaN.
+        checkify.check(need == 0, "pcbatch: the gradient tape overflowed; pass tape_size={need} or more to "
+                       "pcbatch.autobatch (rows per block per example; see f.tape_info)", need=need, debug=True)
+        return result, status
 
     def _checked_in_trace(self, result: Any, status: Status) -> Any:
         """Inside jit we cannot raise: report through checkify (debug checks are
@@ -339,10 +346,11 @@ class Autobatched:
 
         return tree_util.tree_map(poison, result)
 
-    def _raise_for(self, status: Status, prog: StackProgram, args: Sequence[Any]) -> None:
+    def _raise_for(self, status: Status, prog: StackProgram, args: Sequence[Any],
+                   examples: list[dict[str, Any]] | None = None) -> None:
         overflow = np.nonzero(np.asarray(status.overflow))[0].tolist()
         if overflow:
-            examples = self._examples(prog, args)
+            examples = self._examples(prog, args) if examples is None else examples
             needed = {}
             for i in overflow[:5]:
                 limit = 8 * self.max_stack_depth
