@@ -139,18 +139,38 @@ def stack_offsets(block: Block, stack_of: dict[str, str]) -> dict[str, tuple[int
     return out
 
 
+def _no_observer(state: Any, block: jax.Array) -> jax.Array:
+    return block
+
+
 def while_loop_recorded(cond, step, init: Any, recorder: Any = None) -> tuple[Any, Any]:
-    """`lax.while_loop(cond, body)` where `step(state)` returns `(new_state,
-    info)`. With a `recorder` (gradients, `grad.py`) its tape rides along:
-    `recorder.record(tape, state, new_state, info)` after every step; without
-    one the loop is exactly the plain one. Returns `(final_state, tape)`."""
+    """`lax.while_loop(cond, body)` where `step(state, observe)` returns
+    `(new_state, info)` and calls `block = observe(state, block)` once the
+    step's block is chosen, before it reads or updates anything with it.
+    With a `recorder` (gradients, `grad.py`) its tape rides along:
+    `recorder.before` reads the pre-step state there, and the block comes
+    back data-dependent on what it wrote (every in-place update of the step
+    depends on the block, so XLA reads first instead of copying the state);
+    `recorder.after` sees the new state. Without one the loop is
+    exactly the plain one. Returns `(final_state, tape)`."""
     if recorder is None:
-        return lax.while_loop(cond, lambda s: step(s)[0], init), None
+        return lax.while_loop(cond, lambda s: step(s, _no_observer)[0], init), None
 
     def body(carry):
         state, tape = carry
-        new, info = step(state)
-        return new, recorder.record(tape, state, new, info)
+        seen = {}
+
+        def observe(state, block):
+            tape_, taken, dep = recorder.before(tape, state, block)
+            # The block index depends on what the recorder wrote (`dep` never
+            # equals the minimum; XLA cannot know): the step's updates wait for
+            # its reads. (An optimization barrier is expanded away on CPU.)
+            block = jnp.where(dep == jnp.iinfo(jnp.int32).min, block + 1, block)
+            seen.update(tape=tape_, taken=taken, block=block)
+            return block
+
+        new, info = step(state, observe)
+        return new, recorder.after(seen["tape"], seen["taken"], new, {**info, "block": seen["block"]})
 
     return lax.while_loop(lambda c: cond(c[0]), body, (init, recorder.init(init)))
 
@@ -333,10 +353,11 @@ class Machine:
             running = jnp.any(state["pc"] < halt)
             return running if max_steps is None else running & (state["steps"] < max_steps)
 
-        def step(state):
+        def step(state, observe):
             pc = jnp.minimum(state["pc"], halt)  # every halted lane looks alike to schedulers
             counts = jnp.zeros((halt,), jnp.int32).at[pc].add(1, mode="drop")
             block, sched = self.scheduler.choose(state["sched"], Frontier(pc, counts, state["depth"]))
+            block = observe(state, block)
             stacks = dict(state["stacks"])
             if self.prog.has_calls:
                 stacks[PC] = state["pc_stack"]

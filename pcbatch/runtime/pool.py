@@ -305,13 +305,14 @@ class PoolMachine:
             running = jnp.any(state["pc"] < halt)  # blocked parents (pc < 0) count as running
             return running if max_steps is None else running & (state["steps"] < max_steps)
 
-        def step(state):
+        def step(state, observe):
             pc = state["pc"]
             ready = (pc >= 0) & (pc < halt)
             sched_pc = jnp.where(ready, pc, halt)
             counts = jnp.sum(sched_pc[None, :] == jnp.arange(halt, dtype=jnp.int32)[:, None], axis=1, dtype=jnp.int32)
             depth = state["lane"][:, col["depth"]]
             block, sched = self.scheduler.choose(state["sched"], Frontier(sched_pc, counts, depth))
+            block = observe(state, block)
             view = {k: state[k] for k in ("pc", "lane", "regs", "stacks", "pc_stack")}
             view["count"] = counts[block]  # lanes waiting at the chosen block
             out = lax.switch(block, branches, view)
