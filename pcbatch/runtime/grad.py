@@ -267,10 +267,11 @@ class Plan:
                                "reg": {v: types[v] for v in g.reg_in},
                                "top": {s: stacks[s] for s in g.reads},
                                "wid": {s: i32 for s in g.reads if s in self.float_stacks}}
-        if g.join is not None or g.spawn:
+        if g.join is not None:  # the children it joins, and their return values
             row["kids"] = jax.ShapeDtypeStruct((self.fan,), jnp.int32)
-        if g.join is not None:
             row["joined"] = tuple(types[r] for r in g.join.rets)
+        if g.spawn:  # the children it spawned
+            row["spawned"] = jax.ShapeDtypeStruct((self.fan,), jnp.int32)
         return row
 
     def empty_tape(self) -> dict[str, Any]:
@@ -302,7 +303,9 @@ class Plan:
 
 
 class Recorder:
-    """Appends each recorded step to the tape (`machine.while_loop_recorded`)."""
+    """Appends each recorded step to the tape (`machine.while_loop_recorded`):
+    `before` the step updates anything, what its block reads; `after`, the
+    lanes a Fork spawned."""
 
     def __init__(self, plan: Plan):
         self.plan = plan
@@ -310,73 +313,78 @@ class Recorder:
     def init(self, state: dict[str, Any]) -> dict[str, Any]:
         return self.plan.empty_tape()
 
-    def _lanes(self, pre: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
-        """The lanes the step ran (compacted, padded with an out-of-range lane)
-        and their stack pointers, examples and children."""
-        p, block = self.plan, info["block"]
-        if p.pool:
-            ids = info["out"]["ids"]
-            own = pre["lane"].at[ids].get(mode="fill", fill_value=0)
-            return {"ids": ids, "example": own[:, p.col["example"]],
-                    "sp": {s: own[:, p.col[f"sp:{s}"]] for s in p.layout.stacks},
-                    "join_kids": own[:, p.kids],
-                    "fork_kids": info["out"]["spawn_lanes"].reshape(p.rec_width, p.fan)}
-        ids = _first(pre["pc"] == block, p.lanes)
-        return {"ids": ids, "example": ids, "sp": {s: pre["sps"][s].at[ids].get(mode="fill", fill_value=0)
-                                                   for s in p.layout.stacks}}
-
-    def _write(self, g: BlockGrad, pre: dict[str, Any], info: dict[str, Any]):
+    def before(self, tape: dict[str, Any], pre: dict[str, Any], block: jax.Array) -> tuple[dict, dict]:
         p = self.plan
         W = p.rec_width
-
-        def write(rows: dict[str, Any], writer: dict[str, Any], start: jax.Array):
-            at = self._lanes(pre, info)
-            ids, sp = at["ids"], at["sp"]
-            row: dict[str, Any] = {"lane": ids, "example": at["example"],
-                                   "reg": {v: _gather(pre["regs"][v], ids) for v in g.reg_in}}
-            slot = {s: jnp.maximum(sp[s] - 1, 0) for s in g.reads}
-            row["top"] = {s: tree_map(lambda a: a.at[slot[s], ids].get(mode="fill", fill_value=0), pre["stacks"][s])
-                          for s in g.reads}
-            row["wid"] = {s: writer[s].at[slot[s], ids].get(mode="fill", fill_value=p.events[s])
-                          for s in g.reads if s in p.float_stacks}
-            if g.join is not None:
-                kids = at["join_kids"]
-                row["kids"] = kids
-                row["joined"] = tuple(_gather(pre["regs"][r], kids[:, k]) for k, r in enumerate(g.join.rets))
-            elif g.spawn:
-                row["kids"] = at["fork_kids"]
-            rows = tree_map(lambda a, x: lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), start, 0), rows, row)
-            writer = dict(writer)
-            for s in g.writes:
-                if s in p.float_stacks:
-                    event = p.event_base[s, g.index] + start + jnp.arange(W, dtype=jnp.int32)
-                    writer[s] = writer[s].at[sp[s] + g.offsets[s][1], ids].set(event, mode="drop")
-            return rows, writer
-
-        return write
-
-    def record(self, tape: dict[str, Any], pre: dict[str, Any], new: dict[str, Any], info: dict[str, Any]):
-        p, block = self.plan, info["block"]
-        if p.pool:
-            n = jnp.sum(info["out"]["ids"] < p.lanes, dtype=jnp.int32)
-        else:
-            n = jnp.sum(pre["pc"] == block, dtype=jnp.int32)
-        dense = jnp.asarray(p.dense)[block]
-        recorded = dense >= 0
+        # The lanes the step runs: the first W waiting at the block (as both machines pick them).
+        ids = _first(pre["pc"] == block, W)
+        n = jnp.sum(ids < p.lanes, dtype=jnp.int32)
+        recorded = jnp.asarray(p.dense)[block] >= 0
         tape = dict(tape)
         t = tape["t"]
-        at = jnp.where(recorded, t, p.log_size)  # beyond the log: dropped
+        at = jnp.where(recorded, t, p.log_size)  # inert blocks, and past the log's end: dropped
         tape["log_block"] = tape["log_block"].at[at].set(block, mode="drop")
         tape["log_count"] = tape["log_count"].at[at].set(n, mode="drop")
         tape["t"] = t + recorded
         start = jnp.minimum(tape["cursor"][block], p.capacity)  # past capacity: overflowed, rows are junk
         tape["cursor"] = tape["cursor"].at[block].add(jnp.where(recorded, n, 0))
+        if p.pool:
+            own = pre["lane"].at[ids].get(mode="fill", fill_value=0)
+            example = own[:, p.col["example"]]
+            sp = {s: own[:, p.col[f"sp:{s}"]] for s in p.layout.stacks}
+        else:
+            own, example = None, ids
+            sp = {s: pre["sps"][s].at[ids].get(mode="fill", fill_value=0) for s in p.layout.stacks}
+
+        def write(g: BlockGrad):
+            def go(rows, writer):
+                row: dict[str, Any] = {"lane": ids, "example": example,
+                                       "reg": {v: _gather(pre["regs"][v], ids) for v in g.reg_in}}
+                slot = {s: jnp.maximum(sp[s] - 1, 0) for s in g.reads}
+                row["top"] = {s: tree_map(lambda a: a.at[slot[s], ids].get(mode="fill", fill_value=0),
+                                          pre["stacks"][s]) for s in g.reads}
+                row["wid"] = {s: writer[s].at[slot[s], ids].get(mode="fill", fill_value=p.events[s])
+                              for s in g.reads if s in p.float_stacks}
+                if g.join is not None:
+                    kids = own[:, p.kids]
+                    row["kids"] = kids
+                    row["joined"] = tuple(_gather(pre["regs"][r], kids[:, k]) for k, r in enumerate(g.join.rets))
+                rows = dict(rows)
+                for k, x in row.items():
+                    rows[k] = tree_map(lambda a, x: lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), start, 0),
+                                       rows[k], x)
+                writer = dict(writer)
+                for s in g.writes:
+                    if s in p.float_stacks:
+                        event = p.event_base[s, g.index] + start + jnp.arange(W, dtype=jnp.int32)
+                        writer[s] = writer[s].at[sp[s] + g.offsets[s][1], ids].set(event, mode="drop")
+                return rows, writer
+            return go
+
         rows, writer = dict(tape["rows"]), tape["writer"]
+        dep = jnp.zeros((), jnp.int32)  # depends on every read below (see `while_loop_recorded`)
         for g in p.blocks:
-            rows[g.index], writer = lax.cond(block == g.index, self._write(g, pre, info),
-                                             lambda r, w, s: (r, w), rows[g.index], writer, start)
+            rows[g.index], writer = lax.cond(block == g.index, write(g), lambda r, w: (r, w), rows[g.index], writer)
+            dep = dep | (rows[g.index]["lane"][0] & 0x40000000) | (ids[0] & 0x40000000)
+        for w in writer.values():
+            dep = dep | (w[0, 0] & 0x40000000)
         tape["rows"], tape["writer"] = rows, writer
-        return tape
+        return tape, {"ids": ids, "start": start}, dep
+
+    def after(self, tape: dict[str, Any], taken: dict[str, Any], new: dict[str, Any], info: dict[str, Any]):
+        p, block = self.plan, info["block"]
+        forks = [g for g in p.blocks if g.spawn]
+        if not forks:
+            return tape
+        # A Fork's children: its rows of the lane table, after the step.
+        spawned = new["lane"].at[taken["ids"]].get(mode="fill", fill_value=p.lanes)[:, p.kids]
+        rows = dict(tape["rows"])
+        for g in forks:
+            rows[g.index] = lax.cond(
+                block == g.index,
+                lambda r: {**r, "spawned": lax.dynamic_update_slice_in_dim(r["spawned"], spawned, taken["start"], 0)},
+                lambda r: r, rows[g.index])
+        return {**tape, "rows": rows}
 
 
 # --- the backward pass ----------------------------------------------------------
@@ -427,11 +435,10 @@ class Backward:
                    for v in set(g.reg_in) | set(g.reg_out) | {a for _, _, a in g.spawn} if v in cot}
             extra_inv: dict[str, list] = {}
             extra_const: dict[str, list] = {}
-            kids = None
-            if "kids" in rows:
-                kids = jnp.where(valid[:, None], rows["kids"], M)
+            kids = jnp.where(valid[:, None], rows["kids"], M) if "kids" in rows else None
+            spawned = jnp.where(valid[:, None], rows["spawned"], M) if "spawned" in rows else None
             for k, prm, a in g.spawn:  # 1. children's parameters -> the parent's arguments
-                c = _convert([x.at[kids[:, k]].get(mode="fill", fill_value=0) for x in cot[prm]], types[prm], types[a])
+                c = _convert([x.at[spawned[:, k]].get(mode="fill", fill_value=0) for x in cot[prm]], types[prm], types[a])
                 if a in cot:
                     cts[a] = _add(cts[a], c)
                 elif prog.var_class[a] == INVARIANT:
@@ -475,7 +482,7 @@ class Backward:
                 out["join"] = [(pad(kids[:, k], M), [pad(x) for x in ct_in["joined"][k]])
                                for k in range(len(g.join.rets))]
             if g.spawn:
-                out["kids"] = pad(kids.reshape(-1), M)
+                out["spawned"] = pad(spawned.reshape(-1), M)
             ex = jnp.where(valid, example, B)
             out["ex"] = pad(ex, B)
             out["inv"] = {v: (pad(ex, B), [pad(x) for x in _add(ct_in["inv"].get(v) or _zeros(types[v], (w,)),
@@ -501,8 +508,8 @@ class Backward:
             lane = out["lane"]
             for v, rows in out["regs"].items():
                 cot[v] = [c.at[lane].set(r, mode="drop") for c, r in zip(cot[v], rows)]
-            if "kids" in out:  # the spawned lanes held someone else's values before
-                cot = {v: [c.at[out["kids"]].set(0, mode="drop") for c in cs] for v, cs in cot.items()}
+            if "spawned" in out:  # the spawned lanes held someone else's values before
+                cot = {v: [c.at[out["spawned"]].set(0, mode="drop") for c in cs] for v, cs in cot.items()}
             for (kid, vals), r in zip(out.get("join", []), g.join.rets if g.join is not None else ()):
                 if r in cot:
                     cot[r] = [c.at[kid].add(x.astype(c.dtype), mode="drop") for c, x in zip(cot[r], vals)]
