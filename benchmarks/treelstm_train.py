@@ -12,13 +12,15 @@ cross-entropy of a linear layer on the root's h of the binary Tree-LSTM
 (`data.random_binary_trees`: 10-60 leaves, padded to 119 nodes, vocab 1000,
 seeded) with `left_majority` labels. Compared, all on the same batch:
 
-* **fork-join**: `tree_classifier.encoder` (the model with fork-join lanes and
-  16-frame stacks) and pcbatch's default gradient tape (`tape_size=256` rows
-  per block per example);
-* **fork-join, sized tape**: the same with `tape_size` set to what
-  `encoder.tape_info(...)` says the batch needs, plus 25% (what a user does
-  before `jit`: the default is sized for arbitrary programs);
-* **fork=False**: one lane per example (sized tape);
+* **fork-join**: `tree_classifier.encoder`, the model with fork-join lanes
+  and the sizes of a training setup: 8 stack frames (no lane recurses while
+  the pool lasts) and a gradient tape of 64 rows per block per example;
+* **fork-join, defaults**: `nary.nary_tree_lstm` as it is (128 stack frames,
+  pcbatch's default tape of 256 rows per block per example): the cost of
+  sizes chosen for any program, since a jitted step allocates and zero-fills
+  its stacks and tape every call;
+* **fork=False**: one lane per example (64 stack frames: a lane recurses as
+  deep as its tree; tape 64);
 * **depth-batched**: `benchmarks.treelstm_baselines.depth_batched_device`
   (TensorFlow Fold / DyNet style: one batched cell step per height level,
   written by hand in JAX), the same loss, `jax.grad`; device time, with its
@@ -53,6 +55,7 @@ import optax
 from benchmarks import treelstm_baselines as tb
 from benchmarks.common import block, fmt_rate, fmt_time, print_table
 from pcbatch import data
+from pcbatch.models import nary
 from pcbatch.models import tree_classifier as tc
 
 VOCAB = 1000
@@ -114,15 +117,10 @@ def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, varia
     row: dict[str, Any] = {"batch": batch, "max_height": levels.max_height, "nodes": int(np.sum(trees.num_nodes)),
                            "temp": {"depth": temp_mib(depth_step, params, packed, root, dev_labels, levels.widths,
                                                        n_rows)}, "tape": {}, "errors": {}}
-    need = tc.encoder.tape_info(params["tree"], dev_trees, dev_trees.root).needed
-    sized = -(-need * 5 // 4 // 8) * 8
-    models = {"fork": tc.encoder, "sized": tc.encoder.with_options(tape_size=sized),
-              "nofork": tc.encoder.with_options(fork=False)}
+    models = {"fork": tc.encoder, "defaults": nary.nary_tree_lstm,
+              "nofork": tc.encoder.with_options(fork=False, max_stack_depth=64)}
     for key in variants:
         model = models[key]
-        if key == "nofork":
-            model = model.with_options(tape_size=-(-model.tape_info(params["tree"], dev_trees, dev_trees.root)
-                                                   .needed * 5 // 4 // 8) * 8)
         step = jax.jit(jax.value_and_grad(tc.loss), static_argnums=(3,))
         try:
             got = block(step(params, dev_trees, dev_labels, model))
@@ -144,7 +142,7 @@ def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, varia
     return row
 
 
-LABELS = {"fork": "fork-join", "sized": "fork-join, sized tape", "nofork": "fork=False"}
+LABELS = {"fork": "fork-join", "defaults": "fork-join, defaults", "nofork": "fork=False"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     batches = [int(b) for b in (a.batches or ("32" if a.quick else "32,64,128")).split(",")]
-    variants = ["fork", "sized"] if a.quick else ["fork", "sized", "nofork"]
+    variants = ["fork"] if a.quick else ["fork", "defaults", "nofork"]
     repeats = a.repeats or (3 if a.quick else 5)
     min_time = a.min_time if a.min_time is not None else (0.5 if a.quick else 1.0)
     print(f"# benchmarks.treelstm_train  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.node()}  "

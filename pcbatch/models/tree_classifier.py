@@ -34,12 +34,15 @@ __all__ = ["VOCAB", "LabelledTrees", "accuracy", "encoder", "init_params", "labe
 #: Words 0 .. VOCAB/2 - 1 are "positive", the rest "negative".
 VOCAB = 100
 
-#: The Tree-LSTM used for training: fork-join, with shallow stacks. With a
-#: lane per node (the default pool holds 128 per example) no lane recurses,
-#: so 16 frames suffice for trees of up to 64 leaves and keep the stacks'
-#: memory small; deeper recursion is reported (`StackOverflowError`), never
-#: silently wrong.
-encoder = nary.nary_tree_lstm.with_options(max_stack_depth=16)
+#: The Tree-LSTM used for training, sized for trees of up to 64 leaves (the
+#: sizes matter: a jitted training step allocates, and zero-fills, the stacks
+#: and the gradient tape every call). Fork-join gives every node a lane of
+#: its own (the pool holds 128 per example), so no lane recurses and 8 stack
+#: frames suffice (the model's default is 128). The tape holds 64 rows per
+#: block per example: each node runs each block at most once. Larger trees
+#: raise `StackOverflowError` / `TapeOverflowError` (under jit: NaN and a
+#: checkify error), never silently wrong; `with_options` changes both.
+encoder = nary.nary_tree_lstm.with_options(max_stack_depth=8, tape_size=64)
 
 
 class LabelledTrees(NamedTuple):

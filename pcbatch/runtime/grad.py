@@ -57,15 +57,25 @@ example for invariants. For step t, block b and its n taped rows:
 
 Rows are processed in width buckets (like the lane pool's); padding rows copy
 row 0's inputs and get zero cotangents, so junk data never reaches a VJP
-(no NaN from `sqrt(0)` or `1/0` of an idle lane).
+(no NaN from `sqrt(0)` or `1/0` of an idle lane). Lowering hoists constants
+and invariants out of their blocks into the prelude, which computes them for
+every example; the prelude's VJP is masked per example by what the recorded
+blocks read (`masked_prelude`), for the same reason.
+
+Why the forward stays cheap: the recorder reads the pre-step state before
+the step updates it in place (`while_loop_recorded` makes the step's block
+index depend on what the recorder wrote; reading after would make XLA copy
+the stacks and registers every step), and it writes only the step's width
+bucket of rows.
 
 The capacity (`tape_size` rows per block per example) is static. Each block
 counts its rows even past the capacity, so an overflow is detected: outside
-`jit` the forward is re-run once with a tape large enough (and that size is
-kept for the signature); inside `jit` the gradients are NaN and a checkify
-check reports the size needed (`TapeOverflowError` names it outside jit when
-even growing is refused). Examples that overflowed their stacks or ran out of
-`max_steps` get NaN gradients (a shared parameter: if any did), never garbage.
+`jit` the forward is re-run once with a tape large enough (that size is kept
+for the signature), or, when the user chose `tape_size`, it raises
+`TapeOverflowError` naming the size needed; inside `jit` the gradients are NaN
+and a checkify error names it. Examples that overflowed their stacks or ran
+out of `max_steps` get NaN gradients (a shared parameter: if any did), never
+garbage.
 
 Forward mode is not available (`jax.custom_vjp`): `jax.jvp` raises
 `pcbatch.ForwardModeError` naming `jax.grad` / `jax.vjp` / `jax.jacrev`.
@@ -278,10 +288,11 @@ class Plan:
         rows = self.capacity + self.rec_width
         return {
             "t": jnp.zeros((), jnp.int32),
-            "log_block": jnp.zeros((self.log_size,), jnp.int32),
-            "log_count": jnp.zeros((self.log_size,), jnp.int32),
+            # Never read before written (padding rows are replaced): uninitialized where the backend allows.
+            "log_block": lax.empty((self.log_size,), jnp.int32),
+            "log_count": lax.empty((self.log_size,), jnp.int32),
             "cursor": jnp.zeros((self.prog.num_blocks,), jnp.int32),
-            "rows": {g.index: tree_map(lambda s: jnp.zeros((rows,) + s.shape, s.dtype), self.row_types(g))
+            "rows": {g.index: tree_map(lambda s: lax.empty((rows,) + s.shape, s.dtype), self.row_types(g))
                      for g in self.blocks},
             # the event whose value each slot of each float stack holds (none: out of range)
             "writer": {s: jnp.full((self.depth, self.lanes), self.events[s], jnp.int32) for s in self.float_stacks},
@@ -319,7 +330,7 @@ class Recorder:
         # The lanes the step runs: the first W waiting at the block (as both machines pick them).
         ids = _first(pre["pc"] == block, W)
         n = jnp.sum(ids < p.lanes, dtype=jnp.int32)
-        recorded = jnp.asarray(p.dense)[block] >= 0
+        recorded = (jnp.asarray(p.dense)[block] >= 0) & (n > 0)  # the backward pads with row 0: a real one
         tape = dict(tape)
         t = tape["t"]
         at = jnp.where(recorded, t, p.log_size)  # inert blocks, and past the log's end: dropped
@@ -336,17 +347,19 @@ class Recorder:
             own, example = None, ids
             sp = {s: pre["sps"][s].at[ids].get(mode="fill", fill_value=0) for s in p.layout.stacks}
 
-        def write(g: BlockGrad):
+        def write(g: BlockGrad, w: int):
+            """Block g's rows for the first `w` lanes (a width bucket >= n)."""
             def go(rows, writer):
-                row: dict[str, Any] = {"lane": ids, "example": example,
-                                       "reg": {v: _gather(pre["regs"][v], ids) for v in g.reg_in}}
-                slot = {s: jnp.maximum(sp[s] - 1, 0) for s in g.reads}
-                row["top"] = {s: tree_map(lambda a: a.at[slot[s], ids].get(mode="fill", fill_value=0),
+                lanes, ex = ids[:w], example[:w]
+                row: dict[str, Any] = {"lane": lanes, "example": ex,
+                                       "reg": {v: _gather(pre["regs"][v], lanes) for v in g.reg_in}}
+                slot = {s: jnp.maximum(sp[s][:w] - 1, 0) for s in g.reads}
+                row["top"] = {s: tree_map(lambda a: a.at[slot[s], lanes].get(mode="fill", fill_value=0),
                                           pre["stacks"][s]) for s in g.reads}
-                row["wid"] = {s: writer[s].at[slot[s], ids].get(mode="fill", fill_value=p.events[s])
+                row["wid"] = {s: writer[s].at[slot[s], lanes].get(mode="fill", fill_value=p.events[s])
                               for s in g.reads if s in p.float_stacks}
                 if g.join is not None:
-                    kids = own[:, p.kids]
+                    kids = own[:w, p.kids]
                     row["kids"] = kids
                     row["joined"] = tuple(_gather(pre["regs"][r], kids[:, k]) for k, r in enumerate(g.join.rets))
                 rows = dict(rows)
@@ -356,15 +369,22 @@ class Recorder:
                 writer = dict(writer)
                 for s in g.writes:
                     if s in p.float_stacks:
-                        event = p.event_base[s, g.index] + start + jnp.arange(W, dtype=jnp.int32)
-                        writer[s] = writer[s].at[sp[s] + g.offsets[s][1], ids].set(event, mode="drop")
+                        event = p.event_base[s, g.index] + start + jnp.arange(w, dtype=jnp.int32)
+                        writer[s] = writer[s].at[sp[s][:w] + g.offsets[s][1], lanes].set(event, mode="drop")
                 return rows, writer
             return go
+
+        widths = jnp.asarray(p.widths)
+        which = jnp.minimum(jnp.searchsorted(widths, n), len(p.widths) - 1)
+
+        def bucketed(g: BlockGrad):
+            writes = [write(g, w) for w in p.widths]
+            return lambda r, wr: lax.switch(which, writes, r, wr) if len(writes) > 1 else writes[0](r, wr)
 
         rows, writer = dict(tape["rows"]), tape["writer"]
         dep = jnp.zeros((), jnp.int32)  # depends on every read below (see `while_loop_recorded`)
         for g in p.blocks:
-            rows[g.index], writer = lax.cond(block == g.index, write(g), lambda r, w: (r, w), rows[g.index], writer)
+            rows[g.index], writer = lax.cond(block == g.index, bucketed(g), lambda r, w: (r, w), rows[g.index], writer)
             dep = dep | (rows[g.index]["lane"][0] & 0x40000000) | (ids[0] & 0x40000000)
         for w in writer.values():
             dep = dep | (w[0, 0] & 0x40000000)
