@@ -25,6 +25,7 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.vm_overhead
 	$(BIN)/python -m benchmarks.treelstm
+	$(BIN)/python -m benchmarks.treelstm_train
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[jupyter]"
