@@ -729,9 +729,10 @@ class Differentiable:
             return (*primal(inputs), jnp.zeros((), jnp.int32))
 
         def fwd(inputs):
-            concrete = not any(isinstance(x, jax.core.Tracer) for x in tree_util.tree_leaves(inputs))
             plan, forward, _ = self.compiled(self.tape_size)
             result, status, tape = forward(inputs)
+            # Eager differentiation sees concrete values (under vmap, e.g. jax.jacfwd, the outputs are traced).
+            concrete = not any(isinstance(x, jax.core.Tracer) for x in tree_util.tree_leaves((inputs, status, tape)))
             if concrete and bool(Plan.overflowed(tape, plan.capacity, plan.log_size)):
                 need = plan.needed(tape)
                 if self.fixed:

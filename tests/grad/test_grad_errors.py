@@ -28,7 +28,8 @@ def junk(x, n):
 
 @pcbatch.autobatch(lane_width=16)
 def junk_fork(x, n):
-    """Forked; each step runs a few lanes in a 16-row batch: padding rows."""
+    """Forked, with float arguments spawned into the children; each step runs
+    a few lanes in a 16-row batch: padding rows."""
     if n <= 0:
         return jnp.sqrt(x) + 1.0 / x
     a = junk_fork(x * 2.0, n - 1)

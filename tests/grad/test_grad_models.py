@@ -15,7 +15,7 @@ import jax
 from grad_helpers import check_vjp
 from pcbatch.ir.core import Join, Pop
 from pcbatch import data
-from pcbatch.models import child_sum, nary, tree_gru
+from pcbatch.models import child_sum, nary
 
 VOCAB, HIDDEN = 50, 4
 TREES = data.batch(data.random_binary_trees(5, min_leaves=1, max_leaves=7, vocab=VOCAB,
@@ -32,10 +32,6 @@ def test_nary_tree_lstm_forked_under_jit():
 
 def test_nary_tree_lstm_one_lane_per_example():
     check_vjp(nary.nary_tree_lstm.with_options(fork=False), args(nary), positions=(0,))
-
-
-def test_tree_gru_forked():
-    check_vjp(tree_gru.tree_gru.with_options(lane_width=16), args(tree_gru), positions=(0,))
 
 
 def test_child_sum_calls_inside_if():

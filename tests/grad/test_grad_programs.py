@@ -59,19 +59,6 @@ def loop_rec(params, x, n):
     return loop_rec(params, acc * 0.5, n - 1) + jnp.sin(acc) * params["b"]["d"]
 
 
-@pcbatch.autobatch(in_axes=(None, 0, 0))
-def loop_fork(params, x, n):
-    """Loops at every node of a binary recursion whose calls fork."""
-    if n <= 1:
-        return jnp.cos(x) * params["w"]
-    acc = x
-    for i in range(n):
-        acc = acc * 0.9 + params["b"]["c"] * jnp.sin(acc + i)
-    a = loop_fork(params, acc, n - 1)
-    b = loop_fork(params, x * 0.5, n - 2)
-    return a * params["b"]["d"] + b
-
-
 PARAMS = {"w": np.float32(0.7), "scale": np.float32(1.5),
           "b": {"c": np.float32(0.3), "d": np.asarray([0.5, -1.0], np.float32)}}
 
@@ -80,12 +67,6 @@ def test_loops_inside_recursion():
     x = np.asarray([[0.5, 1.0], [2.0, -1.0], [0.1, 0.2], [-0.3, 0.4]], np.float32)
     n = np.asarray([3, 0, 5, 1], np.int32)
     check_vjp(loop_rec, (PARAMS, x, n))
-
-
-def test_loops_inside_forked_recursion():
-    x = np.asarray([[0.5, 1.0], [2.0, -1.0], [0.1, 0.2]], np.float32)
-    n = np.asarray([4, 1, 3], np.int32)
-    check_vjp(loop_fork.with_options(lane_width=16), (PARAMS, x, n))
 
 
 @pcbatch.autobatch(in_axes=(None, 1, 0))
