@@ -20,7 +20,7 @@ seeded) with `left_majority` labels. Compared, all on the same batch:
   sizes chosen for any program, since a jitted step allocates and zero-fills
   its stacks and tape every call;
 * **fork=False**: one lane per example (64 stack frames: a lane recurses as
-  deep as its tree; tape 64);
+  deep as its tree; tape 128: its join block runs once per node);
 * **depth-batched**: `benchmarks.treelstm_baselines.depth_batched_device`
   (TensorFlow Fold / DyNet style: one batched cell step per height level,
   written by hand in JAX), the same loss, `jax.grad`; device time, with its
@@ -118,15 +118,17 @@ def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, varia
                            "temp": {"depth": temp_mib(depth_step, params, packed, root, dev_labels, levels.widths,
                                                        n_rows)}, "tape": {}, "errors": {}}
     models = {"fork": tc.encoder, "defaults": nary.nary_tree_lstm,
-              "nofork": tc.encoder.with_options(fork=False, max_stack_depth=64)}
+              "nofork": tc.encoder.with_options(fork=False, max_stack_depth=64, tape_size=128)}
     for key in variants:
         model = models[key]
         step = jax.jit(jax.value_and_grad(tc.loss), static_argnums=(3,))
         try:
+            info = model.tape_info(params["tree"], dev_trees, dev_trees.root)
+            if info.needed > info.tape_size:
+                raise RuntimeError(f"the tape is too small: this batch needs tape_size={info.needed}")
             got = block(step(params, dev_trees, dev_labels, model))
             if not close(got, want):
                 raise AssertionError("loss or gradients differ from the depth-batched jax.grad")
-            info = model.tape_info(params["tree"], dev_trees, dev_trees.root)
             row["tape"][key] = (info.bytes_used / 2**20, info.bytes_allocated / 2**20, info.tape_size)
             row["temp"][key] = temp_mib(step, params, dev_trees, dev_labels, model)
             fns[key] = (lambda s, m: lambda: s(params, dev_trees, dev_labels, m))(step, model)

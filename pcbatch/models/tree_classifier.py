@@ -39,7 +39,9 @@ VOCAB = 100
 #: and the gradient tape every call). Fork-join gives every node a lane of
 #: its own (the pool holds 128 per example), so no lane recurses and 8 stack
 #: frames suffice (the model's default is 128). The tape holds 64 rows per
-#: block per example: each node runs each block at most once. Larger trees
+#: block per example: a leaf runs the leaf block once, an internal node the
+#: join block once (with `fork=False` one block runs for every node: pass
+#: `tape_size=128`; `encoder.tape_info(...)` says what a batch needs). Larger trees
 #: raise `StackOverflowError` / `TapeOverflowError` (under jit: NaN and a
 #: checkify error), never silently wrong; `with_options` changes both.
 encoder = nary.nary_tree_lstm.with_options(max_stack_depth=8, tape_size=64)
