@@ -4,7 +4,8 @@ Python (`f.reference`), rtol 1e-5 in float32 (see `grad_helpers.check_vjp`).
 
 Covered: the core corpus's programs with float inputs (one lane per example;
 `tree_sum` forks, so it runs on the lane pool, and also with `fork=False`),
-loops inside recursion, shared (`in_axes=None`) parameter pytrees, non-zero
+loops inside recursion, values kept on a stack across calls (Peek, Update),
+shared (`in_axes=None`) parameter pytrees, non-zero
 `in_axes`, keyword arguments and defaults, integer inputs (float0
 cotangents), mixed int/float pytree results, `jax.jit(jax.grad(...))`, an
 optax step, and `jax.test_util.check_grads` numerical checks.
@@ -22,6 +23,7 @@ import pytest
 from jax.test_util import check_grads
 
 import pcbatch
+from pcbatch.ir.core import Peek, Update
 from grad_helpers import assert_close, check_vjp, partial_args, random_cotangent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "core"))
@@ -67,6 +69,27 @@ def test_loops_inside_recursion():
     x = np.asarray([[0.5, 1.0], [2.0, -1.0], [0.1, 0.2], [-0.3, 0.4]], np.float32)
     n = np.asarray([3, 0, 5, 1], np.int32)
     check_vjp(loop_rec, (PARAMS, x, n))
+
+
+@pcbatch.autobatch(fork=False)
+def peeky(x, n):
+    """Two dependent calls: x stays on its stack across both, y is restored
+    with a Peek after the first and overwritten in place (Update). (With
+    forks on, the fork pass renames y and the Update disappears.)"""
+    if n <= 0:
+        return jnp.sin(x)
+    y = x * 1.5
+    a = peeky(x * 0.5, n - 1)
+    y = y + a
+    b = peeky(y, n - 2)
+    return a * b + x * y
+
+
+def test_stack_peek_and_update():
+    x, n = jnp.asarray([0.3, -0.8, 1.2, 0.7]), jnp.asarray([3, 0, 4, 1])
+    ops = {type(op) for blk in peeky.lowered(x, n).blocks for op in blk.ops}
+    assert {Peek, Update} <= ops
+    check_vjp(peeky, (x, n))
 
 
 @pcbatch.autobatch(in_axes=(None, 1, 0))
