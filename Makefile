@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.vm_overhead
 	$(BIN)/python -m benchmarks.treelstm
 	$(BIN)/python -m benchmarks.block_layout
+	$(BIN)/python -m benchmarks.treelstm_train
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[jupyter]"

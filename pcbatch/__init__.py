@@ -5,9 +5,11 @@ Write a recursive, control-heavy function for ONE example; decorate it with
 """
 from pcbatch.api import Autobatched, autobatch
 from pcbatch.errors import (
+    ForwardModeError,
     MaxStepsExceededError,
     PcbatchError,
     StackOverflowError,
+    TapeOverflowError,
     TypeMismatchError,
     UnsupportedSyntaxError,
 )
@@ -17,9 +19,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Autobatched",
+    "ForwardModeError",
     "MaxStepsExceededError",
     "PcbatchError",
     "StackOverflowError",
+    "TapeOverflowError",
     "TypeMismatchError",
     "UnsupportedSyntaxError",
     "autobatch",

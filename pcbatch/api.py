@@ -13,7 +13,7 @@ from jax.experimental import checkify
 
 from pcbatch import _context
 from pcbatch import sharding as _sharding
-from pcbatch.errors import Loc, MaxStepsExceededError, StackOverflowError, UnsupportedSyntaxError
+from pcbatch.errors import ForwardModeError, Loc, MaxStepsExceededError, StackOverflowError, UnsupportedSyntaxError
 from pcbatch.frontend import build_program
 from pcbatch.fsm import get_scheduler
 from pcbatch.ir.core import Program, StackProgram
@@ -21,6 +21,7 @@ from pcbatch.ir.interpret import Trace, run_stack_program
 from pcbatch.lower import lower, specialize
 from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.runtime import MachineConfig, Status, run_machine
+from pcbatch.runtime.grad import Differentiable, TapeInfo, is_float
 from pcbatch.runtime.machine import StackLayout, new_workspace, workspace_shapes
 
 tree_util = jax.tree_util
@@ -61,12 +62,12 @@ class Autobatched:
     def __init__(self, fn: Callable, *, in_axes: Any = 0, max_stack_depth: int = 64,
                  max_steps: int | None = None, schedule: Any = "auto", fork: bool = True,
                  max_lanes: int | None = None, lane_width: int | None = None, layout: bool | str = True,
-                 mesh: Any = None, axis_name: Any = None):
+                 mesh: Any = None, axis_name: Any = None, tape_size: int | None = None):
         if not callable(fn):
             raise TypeError(f"pcbatch.autobatch expects a function, got {fn!r}")
         if max_stack_depth < 1:
             raise ValueError("max_stack_depth must be at least 1")
-        for name, value in (("max_lanes", max_lanes), ("lane_width", lane_width)):
+        for name, value in (("max_lanes", max_lanes), ("lane_width", lane_width), ("tape_size", tape_size)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1")
         if layout not in (True, False, "all"):
@@ -86,6 +87,7 @@ class Autobatched:
         self.mesh, self.axis_name = mesh, axis_name
         self._sharding = None if mesh is None else _sharding.BatchSharding.of(mesh, axis_name)
         self.layout = layout
+        self.tape_size = tape_size
         self.signature = inspect.signature(fn)
         self._program: Program | None = None
         self._lowered: dict[tuple[bool, ...], StackProgram] = {}
@@ -94,6 +96,9 @@ class Autobatched:
         # The last call's stacks per signature, donated to the next call: stacks
         # are never read before written, so reusing them skips a zero fill.
         self._workspaces: dict[Any, Any] = {}
+        # Per compiled runner: which inputs are shared; its gradients (runtime/grad.py).
+        self._shared: dict[Any, tuple[bool, ...]] = {}
+        self._grads: dict[Any, Differentiable] = {}
         self.trace_count = 0  # machines traced so far; a cache hit does not add one
 
     def __repr__(self) -> str:
@@ -127,7 +132,7 @@ class Autobatched:
                 Loc(self.fn.__code__.co_filename, self.fn.__code__.co_firstlineno),
                 "call it directly in the body of an autobatched function, not from an ordinary "
                 "helper function, lambda or comprehension.")
-        result, status, prog, batch = self._run(args)
+        result, status, prog, batch = self._run(args, raise_errors=True)
         if any(_is_tracer(x) for x in tree_util.tree_leaves((result, status))):
             return self._checked_in_trace(result, status)
         self._raise_for(status, prog, args)
@@ -144,6 +149,22 @@ class Autobatched:
         per-example flags; results of flagged examples are not meaningful."""
         result, status, _, _ = self._run(args)
         return result, status
+
+    def tape_info(self, *args: Any) -> TapeInfo:
+        """The gradient tape a differentiated call on these arguments records
+        (`pcbatch.runtime.grad.TapeInfo`): rows per block, memory, and
+        `needed`, the `tape_size=` that holds it (to size the tape for
+        `jax.jit(jax.grad(...))`, where it cannot grow).
+
+        >>> import jax.numpy as jnp, pcbatch
+        >>> @pcbatch.autobatch
+        ... def power(x, n):
+        ...     return 1.0 if n == 0 else x * power(x, n - 1)
+        >>> power.tape_info(jnp.array([2.0, 3.0]), jnp.array([3, 40])).needed
+        22
+        """
+        prog, runner, inputs, batch = self._prepare(args)
+        return self._differentiable(prog, runner, batch).info(inputs)
 
     def reference(self, *args: Any) -> Any:
         """Run the original Python one example at a time (the test oracle)."""
@@ -183,7 +204,7 @@ class Autobatched:
         `tree_lstm.with_options(fork=False)` for one lane per example."""
         current = dict(in_axes=self.in_axes, max_stack_depth=self.max_stack_depth, max_steps=self.max_steps,
                        schedule=self.schedule, fork=self.fork, max_lanes=self.max_lanes, lane_width=self.lane_width,
-                       layout=self.layout, mesh=self.mesh, axis_name=self.axis_name)
+                       layout=self.layout, mesh=self.mesh, axis_name=self.axis_name, tape_size=self.tape_size)
         unknown = set(options) - set(current)
         if unknown:
             raise TypeError(f"unknown autobatch option(s): {', '.join(sorted(unknown))}")
@@ -272,6 +293,7 @@ class Autobatched:
                 runner = sharding.runner(functools.partial(self._machine, prog), batch,
                                          dict(zip(prog.entry_params, shared)))
             self._compiled[key] = (prog, runner)
+            self._shared[runner] = shared
         prog, runner = self._compiled[key]
         return prog, runner, dict(zip(prog.entry_params, values)), batch
 
@@ -307,9 +329,12 @@ class Autobatched:
         local = sharding.per_device(batch)
         return sharding.new_workspace(workspace_shapes(prog, local, self._config(prog, local)[1]))
 
-    def _run(self, args: Sequence[Any]) -> tuple[Any, Status, StackProgram, int]:
+    def _run(self, args: Sequence[Any], raise_errors: bool = False) -> tuple[Any, Status, StackProgram, int]:
         prog, runner, inputs, batch = self._prepare(args)
         tracing = any(_is_tracer(x) for x in tree_util.tree_leaves(inputs))
+        if tracing and is_float(inputs):  # maybe differentiated: through the custom_vjp
+            result, status = self._run_differentiable(prog, runner, inputs, batch, args, raise_errors)
+            return result, status, prog, batch
         workspace = None if tracing else self._workspaces.pop(runner, None)  # one per compiled signature
         if workspace is None:
             workspace = self._new_workspace(prog, batch)
@@ -317,6 +342,41 @@ class Autobatched:
         if not tracing:
             self._workspaces[runner] = workspace
         return result, status, prog, batch
+
+    def _differentiable(self, prog: StackProgram, runner: Callable, batch: int) -> Differentiable:
+        if runner not in self._grads:
+            batched = frozenset(p for p, s in zip(prog.entry_params, self._shared[runner]) if not s)
+            self._grads[runner] = Differentiable(prog, batch, self._config(prog, batch)[1], batched, self.tape_size)
+        return self._grads[runner]
+
+    def _run_differentiable(self, prog: StackProgram, runner: Callable, inputs: dict[str, Any], batch: int,
+                            args: Sequence[Any], raise_errors: bool) -> tuple[Any, Status]:
+        """The machine under `grad.Differentiable`'s custom_vjp: the plain
+        machine unless differentiated; then a recorded forward and a replayed
+        backward. Errors of a concretely evaluated forward (eager `jax.grad`)
+        are raised there."""
+
+        def primal(inputs: dict[str, Any]) -> tuple[Any, Status]:
+            result, status, _ = runner(inputs, self._new_workspace(prog, batch))
+            return result, status
+
+        def check(status: Status, inputs: dict[str, Any]) -> None:
+            if raise_errors:  # `args` are tracers here, `inputs` concrete
+                shared = dict(zip(prog.entry_params, self._shared[runner]))
+                examples = [{p: x if shared[p] else tree_util.tree_map(lambda a: a[i], x) for p, x in inputs.items()}
+                            for i in range(batch)]
+                self._raise_for(status, prog, args, examples)
+
+        try:
+            result, status, need = self._differentiable(prog, runner, batch)(inputs, primal, check)
+        except TypeError as e:
+            if "forward-mode" in str(e) and not isinstance(e, ForwardModeError):
+                raise ForwardModeError(self.__qualname__) from None
+            raise
+        # A tape that overflowed inside jit could not grow: its gradients are NaN.
+        checkify.check(need == 0, "pcbatch: the gradient tape overflowed; pass tape_size={need} or more to "
+                       "pcbatch.autobatch (rows per block per example; see f.tape_info)", need=need, debug=True)
+        return result, status
 
     def _checked_in_trace(self, result: Any, status: Status) -> Any:
         """Inside jit we cannot raise: report through checkify (debug checks are
@@ -332,10 +392,11 @@ class Autobatched:
 
         return tree_util.tree_map(poison, result)
 
-    def _raise_for(self, status: Status, prog: StackProgram, args: Sequence[Any]) -> None:
+    def _raise_for(self, status: Status, prog: StackProgram, args: Sequence[Any],
+                   examples: list[dict[str, Any]] | None = None) -> None:
         overflow = np.nonzero(np.asarray(status.overflow))[0].tolist()
         if overflow:
-            examples = self._examples(prog, args)
+            examples = self._examples(prog, args) if examples is None else examples
             needed = {}
             for i in overflow[:5]:
                 limit = 8 * self.max_stack_depth
@@ -361,7 +422,7 @@ class Autobatched:
 def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: int = 64,
               max_steps: int | None = None, schedule: Any = "auto", fork: bool = True,
               max_lanes: int | None = None, lane_width: int | None = None, layout: bool | str = True,
-              mesh: Any = None, axis_name: Any = None) -> Any:
+              mesh: Any = None, axis_name: Any = None, tape_size: int | None = None) -> Any:
     """Batch a single-example function (recursion and control flow included).
 
     Usable as `@autobatch`, `@autobatch(in_axes=(0, None))` or `autobatch(f, ...)`.
@@ -397,6 +458,12 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
         the result comes back replicated). The lane pool and lane width are
         per device, from the per-device batch. See `pcbatch.sharded` to
         shard every call in a block.
+      tape_size: gradients (`jax.grad` and friends): rows the tape holds per
+        block per example, i.e. how often one example may run each block
+        (default 256). Outside `jit` a tape that overflows grows and the call
+        re-runs; inside `jit` the gradients are NaN and a checkify error
+        names the size needed. Given explicitly, it does not grow
+        (`TapeOverflowError`).
 
     >>> import jax.numpy as jnp, pcbatch
     >>> @pcbatch.autobatch
@@ -411,7 +478,7 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
     """
     options = dict(in_axes=in_axes, max_stack_depth=max_stack_depth, max_steps=max_steps, schedule=schedule,
                    fork=fork, max_lanes=max_lanes, lane_width=lane_width, layout=layout, mesh=mesh,
-                   axis_name=axis_name)
+                   axis_name=axis_name, tape_size=tape_size)
     if fn is None:
         return lambda f: Autobatched(f, **options)
     return Autobatched(fn, **options)

@@ -88,3 +88,29 @@ class MaxStepsExceededError(PcbatchError):
             "One runaway example can starve the others (the scheduler keeps picking its blocks), "
             "so not every example listed is necessarily looping."
         )
+
+
+class TapeOverflowError(PcbatchError):
+    """A differentiated call recorded more than its gradient tape holds and
+    the tape may not grow (inside `jit` this is a checkify error and NaN
+    gradients instead)."""
+
+    def __init__(self, tape_size: int, needed: int):
+        self.tape_size = tape_size
+        self.needed = needed
+        super().__init__(
+            f"the gradient tape overflowed: this call needs tape_size={needed} (rows per block per example), "
+            f"the tape holds {tape_size}.\nHint: pass `tape_size={needed}` (or more) to pcbatch.autobatch or "
+            "`f.with_options(tape_size=...)`; the tape's memory grows with it."
+        )
+
+
+class ForwardModeError(PcbatchError, TypeError):
+    """`jax.jvp` (forward mode) of an autobatched function: not supported."""
+
+    def __init__(self, name: str):
+        super().__init__(
+            f"forward-mode differentiation (jax.jvp, jax.jacfwd, jax.linearize, jax.hessian) of autobatched "
+            f"`{name}` is not supported: pcbatch differentiates in reverse mode only.\n"
+            "Hint: use jax.grad, jax.value_and_grad, jax.vjp or jax.jacrev."
+        )

@@ -12,10 +12,24 @@
 |                   | `lattice_lstm_at(params, lat, pos)` (recursive) |                    | (h_pos, c_pos)   |
 | `bilstm_tagger`   | `bilstm_tagger(params, chain)` (two loops)  | `data.Chain`       | [max_len, tags]  |
 
+Training (gradients through the batched recursion, optax): `tree_classifier`
+(a `nary` Tree-LSTM classifier on labelled synthetic trees: `labelled_trees`,
+`loss`, `make_step`, `train`; see `examples/train_treelstm.py`).
+
 Each module has `init_params(key, vocab, hidden, ...)` (`lattice_lstm`:
 `init_params(key, char_vocab, word_vocab, hidden)`). Tree models are called on
 a batch with the roots: `h, c = nary_tree_lstm(params, trees, trees.root)`.
 """
-from pcbatch.models import bilstm_tagger, child_sum, lattice_lstm, mv_rnn, nary, tree_gru, tree_lstm_2type
+from pcbatch.models import (
+    bilstm_tagger,
+    child_sum,
+    lattice_lstm,
+    mv_rnn,
+    nary,
+    tree_classifier,
+    tree_gru,
+    tree_lstm_2type,
+)
 
-__all__ = ["bilstm_tagger", "child_sum", "lattice_lstm", "mv_rnn", "nary", "tree_gru", "tree_lstm_2type"]
+__all__ = ["bilstm_tagger", "child_sum", "lattice_lstm", "mv_rnn", "nary", "tree_classifier", "tree_gru",
+           "tree_lstm_2type"]

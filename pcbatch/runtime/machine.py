@@ -24,7 +24,9 @@ from pcbatch.ir.core import (
     INVARIANT,
     REGISTER,
     STACKED,
+    Block,
     Branch,
+    Join,
     Jump,
     Peek,
     Pop,
@@ -91,6 +93,86 @@ def run_prim(op: Prim, read, types: Any, lanes: int) -> dict[str, Any]:
     else:
         outs = op.fn(*vals)
     return {v: _cast(x, types[v], None if any(batched) else lanes) for v, x in zip(op.outs, outs)}
+
+
+def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, types: Any,
+                   lanes: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The values a block's ops compute, on a batch of lanes: `env` (every
+    variable an op assigns) and, per stack, the value its Push/Update writes.
+    `read(v)` gives `(value, batched)` of a variable not assigned earlier in
+    the block, `top(s)` the top of stack `s` (a block reads a stack at most
+    once, before it writes it), `join(op)` a Join's values by out. Both
+    machines run blocks with it, and gradients (`grad.py`) differentiate it."""
+    env: dict[str, Any] = {}
+    pushed: dict[str, Any] = {}
+
+    def get(v: str) -> tuple[Any, bool]:
+        return (env[v], True) if v in env else read(v)
+
+    for op in block.ops:
+        if isinstance(op, Prim):
+            env.update(run_prim(op, get, types, lanes))
+        elif isinstance(op, (Push, Update)):
+            pushed[stack_of[op.var]] = get(op.var)[0]
+        elif isinstance(op, (Pop, Peek)):
+            env[op.var] = top(stack_of[op.var])
+        elif isinstance(op, Join):
+            env.update(join(op))
+    return env, pushed
+
+
+def stack_offsets(block: Block, stack_of: dict[str, str]) -> dict[str, tuple[int | None, int | None, int]]:
+    """Per stack a block touches, relative to the lane's stack pointer before
+    the block: the row it reads (Pop/Peek), the row it writes (Push/Update),
+    None for neither, and the pointer's net change."""
+    out: dict[str, tuple[int | None, int | None, int]] = {}
+    for op in block.ops:
+        if isinstance(op, (Push, Pop, Peek, Update)):
+            s = stack_of[op.var]
+            r, w, d = out.get(s, (None, None, 0))
+            if isinstance(op, (Pop, Peek)):
+                r = d - 1
+            else:
+                w = d if isinstance(op, Push) else d - 1
+            d += 1 if isinstance(op, Push) else -1 if isinstance(op, Pop) else 0
+            out[s] = (r, w, d)
+    return out
+
+
+def _no_observer(state: Any, block: jax.Array) -> jax.Array:
+    return block
+
+
+def while_loop_recorded(cond, step, init: Any, recorder: Any = None) -> tuple[Any, Any]:
+    """`lax.while_loop(cond, body)` where `step(state, observe)` returns
+    `(new_state, info)` and calls `block = observe(state, block)` once the
+    step's block is chosen, before it reads or updates anything with it.
+    With a `recorder` (gradients, `grad.py`) its tape rides along:
+    `recorder.before` reads the pre-step state there, and the block comes
+    back data-dependent on what it wrote (every in-place update of the step
+    depends on the block, so XLA reads first instead of copying the state);
+    `recorder.after` sees the new state. Without one the loop is
+    exactly the plain one. Returns `(final_state, tape)`."""
+    if recorder is None:
+        return lax.while_loop(cond, lambda s: step(s, _no_observer)[0], init), None
+
+    def body(carry):
+        state, tape = carry
+        seen = {}
+
+        def observe(state, block):
+            tape_, taken, dep = recorder.before(tape, state, block)
+            # The block index depends on what the recorder wrote (`dep` never
+            # equals the minimum; XLA cannot know): the step's updates wait for
+            # its reads. (An optimization barrier is expanded away on CPU.)
+            block = jnp.where(dep == jnp.iinfo(jnp.int32).min, block + 1, block)
+            seen.update(tape=tape_, taken=taken, block=block)
+            return block
+
+        new, info = step(state, observe)
+        return new, recorder.after(seen["tape"], seen["taken"], new, {**info, "block": seen["block"]})
+
+    return lax.while_loop(lambda c: cond(c[0]), body, (init, recorder.init(init)))
 
 
 class StackLayout(NamedTuple):
@@ -214,34 +296,23 @@ class Machine:
             if prog.has_calls:
                 writes[PC] = (no_write, jnp.zeros((L,), jnp.int32))
 
-            def top(s: str) -> Any:
-                return stacks[s]  # the tops, gathered before the switch
-            env: dict[str, Any] = {}
-
-            def read(v: str) -> tuple[Any, bool]:
-                if v in env:
-                    return env[v], True
+            def load(v: str) -> tuple[Any, bool]:
                 if prog.var_class[v] == CONSTANT:
                     return consts[v], False
                 if prog.var_class[v] == INVARIANT:
                     return inv[v], True  # lane i runs example i
                 return regs[v], True
 
-            for op in block.ops:
-                if isinstance(op, Prim):
-                    env.update(run_prim(op, read, types, L))
-                elif isinstance(op, Push):
-                    s = self.stack_of[op.var]
-                    writes[s] = (jnp.where(active, sps[s], D), read(op.var)[0])
-                    sps[s] = sps[s] + active
-                elif isinstance(op, Update):
-                    s = self.stack_of[op.var]
-                    writes[s] = (jnp.where(active, sps[s] - 1, D), read(op.var)[0])
-                elif isinstance(op, (Pop, Peek)):
-                    s = self.stack_of[op.var]
-                    env[op.var] = top(s)
-                    if isinstance(op, Pop):
-                        sps[s] = sps[s] - active
+            # `stacks` holds the tops, gathered before the switch.
+            env, pushed = block_dataflow(block, self.stack_of, load, stacks.__getitem__, None, types, L)
+
+            def read(v: str) -> tuple[Any, bool]:
+                return (env[v], True) if v in env else load(v)
+
+            for s, (_, w, d) in stack_offsets(block, self.stack_of).items():
+                if w is not None:
+                    writes[s] = (jnp.where(active, sps[s] + w, D), pushed[s])
+                sps[s] = sps[s] + d * active
             for v, x in env.items():
                 if v in regs:
                     regs[v] = _select(active, x, regs[v])
@@ -262,7 +333,7 @@ class Machine:
                 pc = jnp.where(ok, term.target, jnp.where(overflow, self.overflowed, pc))
             elif isinstance(term, Return):
                 if prog.has_calls:
-                    pc = jnp.where(active, top(PC), pc)
+                    pc = jnp.where(active, stacks[PC], pc)
                     lane_state["pc_sp"] = lane_state["pc_sp"] - active
                 else:
                     pc = jnp.where(active, self.halt, pc)
@@ -274,7 +345,9 @@ class Machine:
     # --- the loop --------------------------------------------------------
 
     def run(self, consts: dict[str, Any], inv: dict[str, Any], batched_inputs: dict[str, Any],
-            workspace: dict[str, Any], active: jax.Array | None = None) -> tuple[Any, Status, dict[str, Any]]:
+            workspace: dict[str, Any], active: jax.Array | None = None, recorder: Any = None) -> tuple[Any, ...]:
+        """`(result, status, workspace)`, and the tape last when a `recorder`
+        (gradients, `grad.py`) is given."""
         branches = [self.block_fn(b, consts, inv) for b in range(self.prog.num_blocks)]
 
         halt, max_steps, lanes = self.halt, self.max_steps, self.lane_ids
@@ -284,10 +357,11 @@ class Machine:
             running = jnp.any(state["pc"] < halt)
             return running if max_steps is None else running & (state["steps"] < max_steps)
 
-        def body(state):
+        def step(state, observe):
             pc = jnp.minimum(state["pc"], halt)  # every halted lane looks alike to schedulers
             counts = jnp.zeros((halt,), jnp.int32).at[pc].add(1, mode="drop")
             block, sched = self.scheduler.choose(state["sched"], Frontier(pc, counts, state["depth"]))
+            block = observe(state, block)
             stacks = dict(state["stacks"])
             if self.prog.has_calls:
                 stacks[PC] = state["pc_stack"]
@@ -308,14 +382,15 @@ class Machine:
             if self.prog.has_calls:
                 new["pc_stack"] = stacks.pop(PC)
             new["stacks"] = stacks
-            return new
+            return new, {"block": block}
 
-        final = lax.while_loop(cond, body, self.init(batched_inputs, workspace, active))
+        final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)
         result = final["regs"][self.prog.result]
         pc = final["pc"]
         status = Status(pc == self.overflowed, pc < halt, pc, final["steps"], final["depth"],
                         jnp.asarray(self.lanes, jnp.int32))
-        return result, status, {"stacks": final["stacks"], "pc_stack": final.get("pc_stack", workspace["pc_stack"])}
+        out = result, status, {"stacks": final["stacks"], "pc_stack": final.get("pc_stack", workspace["pc_stack"])}
+        return out if recorder is None else (*out, tape)
 
 
 def _machine_for(prog: StackProgram, num_lanes: int, config: MachineConfig):
@@ -336,16 +411,17 @@ def new_workspace(prog: StackProgram, num_lanes: int, config: MachineConfig) -> 
 
 
 def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig,
-                workspace: dict[str, Any] | None = None,
-                active: jax.Array | None = None) -> tuple[Any, Status, dict[str, Any]]:
+                workspace: dict[str, Any] | None = None, active: jax.Array | None = None,
+                recorder: Any = None) -> tuple[Any, ...]:
     """Run `prog` on a batch. `inputs` maps each entry parameter to its value:
     with a leading lane axis for batched parameters, as-is for constants.
     `workspace` (see `new_workspace`; zeros if None) holds the stacks; the
     returned one can be passed (donated) to the next call of the same shape.
     `active` (`[batch]` bool, default all): examples that are False start
-    halted and run no block (the padding of a sharded batch)."""
+    halted and run no block (the padding of a sharded batch).
+    A `recorder` (`grad.py`) makes it also return the gradient tape, last."""
     if workspace is None:
         workspace = new_workspace(prog, num_lanes, config)
     consts, inv = eval_prelude(prog, inputs)
     batched = {v: x for v, x in inputs.items() if prog.var_class.get(v) not in (CONSTANT, INVARIANT)}
-    return _machine_for(prog, num_lanes, config).run(consts, inv, batched, workspace, active)
+    return _machine_for(prog, num_lanes, config).run(consts, inv, batched, workspace, active, recorder)

@@ -36,17 +36,22 @@ from pcbatch.ir.core import (
     Fork,
     Join,
     Jump,
-    Peek,
-    Pop,
-    Prim,
-    Push,
     PushJump,
     Return,
     StackProgram,
-    Update,
     op_writes,
 )
-from pcbatch.runtime.machine import MachineConfig, StackLayout, Status, _cast, _zeros, block_in, run_prim
+from pcbatch.runtime.machine import (
+    MachineConfig,
+    StackLayout,
+    Status,
+    _cast,
+    _zeros,
+    block_dataflow,
+    block_in,
+    stack_offsets,
+    while_loop_recorded,
+)
 
 tree_map = jax.tree_util.tree_map
 
@@ -164,7 +169,6 @@ class PoolMachine:
             get = lambda name: own[:, col[name]]  # noqa: E731
             sps = {s: get(f"sp:{s}") for s in self.stacks}
             changes: dict[str, jax.Array] = {"depth": get("depth") + 1}
-            env: dict[str, Any] = {}
             no_row = jnp.full((W,), D, jnp.int32)
             stack_writes = {s: (no_row, _zeros(t, (W,))) for s, t in self.stacks.items()}
             pc_write = (no_row, jnp.zeros((W,), jnp.int32))
@@ -172,41 +176,43 @@ class PoolMachine:
             spawned = (jnp.full((W * K,), M, jnp.int32), jnp.zeros((W * K, self.num_cols), jnp.int32),
                        jnp.zeros((W * K,), jnp.int32))
 
-            def read(v: str) -> tuple[Any, bool]:
-                if v not in env:
-                    if prog.var_class[v] == CONSTANT:
-                        return consts[v], False
+            loaded: dict[str, Any] = {}  # registers and invariants, gathered once
+
+            def load(v: str) -> tuple[Any, bool]:
+                if prog.var_class[v] == CONSTANT:
+                    return consts[v], False
+                if v not in loaded:
                     if prog.var_class[v] == INVARIANT:  # stored once per example
-                        env[v] = _gather(inv[v], get("example"))
+                        loaded[v] = _gather(inv[v], get("example"))
                     else:
-                        env[v] = _gather(state["regs"][v], ids)
-                return env[v], True
+                        loaded[v] = _gather(state["regs"][v], ids)
+                return loaded[v], True
 
-            def top(stack: Any, sp: jax.Array) -> Any:
-                return tree_map(lambda a: a.at[jnp.maximum(sp - 1, 0), ids].get(mode="fill", fill_value=0), stack)
+            def top(s: str) -> Any:
+                return tree_map(lambda a: a.at[jnp.maximum(sps[s] - 1, 0), ids].get(mode="fill", fill_value=0),
+                                state["stacks"][s])
 
-            for op in block.ops:
-                if isinstance(op, Prim):
-                    env.update(run_prim(op, read, types, W))
-                elif isinstance(op, (Push, Update)):
-                    s = self.stack_of[op.var]
-                    row = sps[s] if isinstance(op, Push) else sps[s] - 1
-                    stack_writes[s] = (jnp.where(valid, row, D), read(op.var)[0])
-                    if isinstance(op, Push):
-                        sps[s] = sps[s] + 1
-                elif isinstance(op, (Pop, Peek)):
-                    s = self.stack_of[op.var]
-                    env[op.var] = top(state["stacks"][s], sps[s])
-                    if isinstance(op, Pop):
-                        sps[s] = sps[s] - 1
-                elif isinstance(op, Join):
-                    kids = own[:, self.kids]
-                    poison = get("poison")
-                    for k, (v, r) in enumerate(zip(op.outs, op.rets)):
-                        env[v] = _cast(_gather(state["regs"][r], kids[:, k]), types[v], None)
-                        poison = poison | state["lane"].at[kids[:, k], col["poison"]].get(mode="fill", fill_value=0)
-                    changes["poison"] = poison
-                    freed = jnp.where(valid[:, None], kids, M).reshape(-1)
+            def join(op: Join) -> dict[str, Any]:
+                kids = own[:, self.kids]
+                return {v: _cast(_gather(state["regs"][r], kids[:, k]), types[v], None)
+                        for k, (v, r) in enumerate(zip(op.outs, op.rets))}
+
+            env, pushed = block_dataflow(block, self.stack_of, load, top, join, types, W)
+
+            def read(v: str) -> tuple[Any, bool]:
+                return (env[v], True) if v in env else load(v)
+
+            for s, (_, w, d) in stack_offsets(block, self.stack_of).items():
+                if w is not None:
+                    stack_writes[s] = (jnp.where(valid, sps[s] + w, D), pushed[s])
+                sps[s] = sps[s] + d
+            if block.ops and isinstance(block.ops[0], Join):
+                kids = own[:, self.kids]
+                poison = get("poison")
+                for k in range(len(block.ops[0].rets)):
+                    poison = poison | state["lane"].at[kids[:, k], col["poison"]].get(mode="fill", fill_value=0)
+                changes["poison"] = poison
+                freed = jnp.where(valid[:, None], kids, M).reshape(-1)
 
             term = block.term
             finished = jnp.zeros((W,), bool)  # a child lane whose bottom frame is done
@@ -278,7 +284,9 @@ class PoolMachine:
     # --- the loop --------------------------------------------------------
 
     def run(self, consts: dict[str, Any], inv: dict[str, Any], batched_inputs: dict[str, Any],
-            workspace: dict[str, Any], active: jax.Array | None = None) -> tuple[Any, Status, dict[str, Any]]:
+            workspace: dict[str, Any], active: jax.Array | None = None, recorder: Any = None) -> tuple[Any, ...]:
+        """`(result, status, workspace)`, and the tape last when a `recorder`
+        (gradients, `grad.py`) is given."""
         prog, B, col = self.prog, self.examples, self.col
         widths = self.widths
 
@@ -301,13 +309,14 @@ class PoolMachine:
             running = jnp.any(state["pc"] < halt)  # blocked parents (pc < 0) count as running
             return running if max_steps is None else running & (state["steps"] < max_steps)
 
-        def body(state):
+        def step(state, observe):
             pc = state["pc"]
             ready = (pc >= 0) & (pc < halt)
             sched_pc = jnp.where(ready, pc, halt)
             counts = jnp.sum(sched_pc[None, :] == jnp.arange(halt, dtype=jnp.int32)[:, None], axis=1, dtype=jnp.int32)
             depth = state["lane"][:, col["depth"]]
             block, sched = self.scheduler.choose(state["sched"], Frontier(sched_pc, counts, depth))
+            block = observe(state, block)
             view = {k: state[k] for k in ("pc", "lane", "regs", "stacks", "pc_stack")}
             view["count"] = counts[block]  # lanes waiting at the chosen block
             out = lax.switch(block, branches, view)
@@ -341,14 +350,15 @@ class PoolMachine:
                 pc = jnp.where((pc < 0) & (lane[:, col["pending"]] == 0), -1 - pc, pc)
             new.update(pc=pc, lane=lane, regs=regs, stacks=stacks, sched=sched, steps=state["steps"] + 1,
                        peak=jnp.maximum(state["peak"], jnp.sum(pc != self.free)))
-            return new
+            return new, {"block": block, "out": out}
 
-        final = lax.while_loop(cond, body, self.init(batched_inputs, workspace, active))
+        final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)
         result = tree_map(lambda a: a[:B], final["regs"][prog.result])
         pc = final["pc"][:B]
         overflow = (pc == self.overflowed) | (final["lane"][:B, col["poison"]] != 0)
         status = Status(overflow, (pc < halt) & ~overflow, pc, final["steps"], final["work"], final["peak"])
-        return result, status, {"stacks": final["stacks"], "pc_stack": final["pc_stack"]}
+        out = result, status, {"stacks": final["stacks"], "pc_stack": final["pc_stack"]}
+        return out if recorder is None else (*out, tape)
 
     def _spawn_params(self, term: Fork, consts: dict[str, Any], inv: dict[str, Any], kid: jax.Array,
                       src: jax.Array, example: jax.Array):

@@ -1,0 +1,228 @@
+"""Tree-LSTM training throughput (forward + backward): pcbatch gradients against a
+hand-written depth-batched JAX Tree-LSTM differentiated by `jax.grad`.
+
+    python -m benchmarks.treelstm_train             # batch 32, 64, 128 x hidden 128 (about 10 min on 2 CPU cores)
+    python -m benchmarks.treelstm_train --quick     # batch 32, fewer variants and repeats (about 3 min)
+    python -m benchmarks.treelstm_train --batches 64 --hidden 256 --repeats 5
+
+(also run by `make bench`). One training step = `jax.jit(jax.value_and_grad(loss))`
+on a batch: the loss is `pcbatch.models.tree_classifier.loss` (softmax
+cross-entropy of a linear layer on the root's h of the binary Tree-LSTM
+`nary.nary_tree_lstm`), on sentence-like random binary trees
+(`data.random_binary_trees`: 10-60 leaves, padded to 119 nodes, vocab 1000,
+seeded) with `left_majority` labels. Compared, all on the same batch:
+
+* **fork-join**: `tree_classifier.encoder`, the model with fork-join lanes
+  and the sizes of a training setup: 8 stack frames (no lane recurses while
+  the pool lasts) and a gradient tape of 64 rows per block per example;
+* **fork-join, defaults**: `nary.nary_tree_lstm` as it is (128 stack frames,
+  pcbatch's default tape of 256 rows per block per example): the cost of
+  sizes chosen for any program, since a jitted step allocates and zero-fills
+  its stacks and tape every call;
+* **fork=False**: one lane per example (64 stack frames: a lane recurses as
+  deep as its tree; tape 128: its join block runs once per node);
+* **depth-batched**: `benchmarks.treelstm_baselines.depth_batched_device`
+  (TensorFlow Fold / DyNet style: one batched cell step per height level,
+  written by hand in JAX), the same loss, `jax.grad`; device time, with its
+  host preprocessing (heights, per-level index arrays) in its own column.
+
+Before timing, every variant's loss and gradients are checked against the
+depth-batched ones (rtol 1e-4; float32 sums in different orders). Each time is
+the median of `--repeats` round-robin repeats after a warm-up call.
+
+Memory: **tape MiB** is pcbatch's gradient tape (rows, step log, the stacks'
+event ids; `tape_info`): in use / allocated. **XLA temp MiB** is the compiled
+training step's temporary memory (`memory_analysis().temp_size_in_bytes`):
+for pcbatch the lane pool, its stacks, the tape and the cotangents; for the
+baseline its residuals (every level's activations) and their gradients.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from benchmarks import treelstm_baselines as tb
+from benchmarks.common import block, fmt_rate, fmt_time, print_table
+from pcbatch import data
+from pcbatch.models import nary
+from pcbatch.models import tree_classifier as tc
+
+VOCAB = 1000
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def depth_loss(params: dict, packed: Any, root: Any, labels: Any, widths: tuple[int, ...], n_rows: int):
+    """`tree_classifier.loss` with the depth-batched encoder."""
+    h, _ = tb.depth_batched_device(params["tree"], packed, root, widths, n_rows)
+    logits = h @ params["out"]["W"].T + params["out"]["b"]
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+
+
+def temp_mib(fn: Callable, *args) -> float:
+    """The compiled function's temporary memory (MiB), or NaN if XLA does not say."""
+    try:
+        stats = fn.lower(*args).compile().memory_analysis()
+        return stats.temp_size_in_bytes / 2**20
+    except Exception:  # noqa: BLE001 - a backend without memory_analysis
+        return float("nan")
+
+
+def close(got: Any, want: Any) -> bool:
+    g, w = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    return len(g) == len(w) and all(np.allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL)
+                                    for a, b in zip(g, w))
+
+
+def time_round_robin(fns: dict[str, Callable[[], Any]], repeats: int, min_time: float) -> dict[str, float]:
+    """Median seconds per call of each (already warm) function, repeats
+    interleaved so that background load hits all alike; a repeat lasts at
+    least `min_time` (several calls, mean)."""
+    inner = {}
+    for k, fn in fns.items():
+        t0 = time.perf_counter()
+        block(fn())
+        inner[k] = max(1, int(min_time / max(time.perf_counter() - t0, 1e-9)))
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner[k]):
+                block(fn())
+            samples[k].append((time.perf_counter() - t0) / inner[k])
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, variants: list[str], repeats: int,
+            min_time: float) -> dict[str, Any]:
+    params = tc.init_params(jax.random.PRNGKey(hidden), VOCAB, hidden)
+    dev_trees, dev_labels = jax.device_put((trees, labels))
+    n_rows = int(np.asarray(trees.word).size)
+    levels = tb.depth_levels(trees)
+    packed, root = jax.device_put(tb.pack_levels(levels))
+    depth_step = jax.jit(jax.value_and_grad(depth_loss), static_argnums=(4, 5))
+    want = block(depth_step(params, packed, root, dev_labels, levels.widths, n_rows))
+    fns: dict[str, Callable[[], Any]] = {"depth": lambda: depth_step(params, packed, root, dev_labels,
+                                                                      levels.widths, n_rows)}
+    row: dict[str, Any] = {"batch": batch, "max_height": levels.max_height, "nodes": int(np.sum(trees.num_nodes)),
+                           "temp": {"depth": temp_mib(depth_step, params, packed, root, dev_labels, levels.widths,
+                                                       n_rows)}, "tape": {}, "errors": {}}
+    models = {"fork": tc.encoder, "defaults": nary.nary_tree_lstm,
+              "nofork": tc.encoder.with_options(fork=False, max_stack_depth=64, tape_size=128)}
+    for key in variants:
+        model = models[key]
+        step = jax.jit(jax.value_and_grad(tc.loss), static_argnums=(3,))
+        try:
+            info = model.tape_info(params["tree"], dev_trees, dev_trees.root)
+            if info.needed > info.tape_size:
+                raise RuntimeError(f"the tape is too small: this batch needs tape_size={info.needed}")
+            got = block(step(params, dev_trees, dev_labels, model))
+            if not close(got, want):
+                raise AssertionError("loss or gradients differ from the depth-batched jax.grad")
+            row["tape"][key] = (info.bytes_used / 2**20, info.bytes_allocated / 2**20, info.tape_size)
+            row["temp"][key] = temp_mib(step, params, dev_trees, dev_labels, model)
+            fns[key] = (lambda s, m: lambda: s(params, dev_trees, dev_labels, m))(step, model)
+        except Exception as e:  # noqa: BLE001 - report, keep the others
+            row["errors"][key] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    row["seconds"] = time_round_robin(fns, repeats, min_time)
+    host = []
+    for _ in range(max(3, repeats)):
+        t0 = time.perf_counter()
+        block(jax.device_put(tb.pack_levels(tb.depth_levels(trees))))
+        host.append(time.perf_counter() - t0)
+    row["host"] = statistics.median(host)
+    return row
+
+
+LABELS = {"fork": "fork-join", "defaults": "fork-join, defaults", "nofork": "fork=False"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="batch 32, fork-join only, fewer repeats (~3 min)")
+    ap.add_argument("--batches", default=None, help="comma-separated batch sizes (default 32,64,128)")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=None, help="timed repeats (median; default 5, --quick 3)")
+    ap.add_argument("--min-time", type=float, default=None, help="seconds a timed repeat lasts at least")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    batches = [int(b) for b in (a.batches or ("32" if a.quick else "32,64,128")).split(",")]
+    variants = ["fork"] if a.quick else ["fork", "defaults", "nofork"]
+    repeats = a.repeats or (3 if a.quick else 5)
+    min_time = a.min_time if a.min_time is not None else (0.5 if a.quick else 1.0)
+    print(f"# benchmarks.treelstm_train  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.node()}  "
+          f"jax {jax.__version__} on {jax.devices()[0].platform}  ({os.cpu_count()} CPUs; "
+          f"load {os.getloadavg()[0]:.1f})")
+    print(f"# hidden {a.hidden}, vocab {VOCAB}, trees: 10-60 leaves (random bracketing), batches {batches}\n")
+    stream = data.random_binary_trees(max(batches), seed=a.seed, vocab=VOCAB)
+    labels_all = np.asarray([tc.left_majority(t, VOCAB) for t in stream], np.int32)
+    rows = []
+    for b in batches:
+        t0 = time.perf_counter()
+        rows.append(measure(b, a.hidden, data.batch(stream[:b]), labels_all[:b], variants, repeats, min_time))
+        print(f"  batch {b}: measured in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+    print("Training throughput (trees/s, one jitted value_and_grad step; median, warm-up excluded)")
+    out = []
+    for r in rows:
+        s, b = r["seconds"], r["batch"]
+        depth_rate = b / s["depth"]
+        cells = [str(b), str(r["max_height"])]
+        for k in variants:
+            cells += ["error" if k in r["errors"] else fmt_rate(b / s[k]),
+                      "" if k in r["errors"] else f"{(b / s[k]) / depth_rate:.2f}x"]
+        cells += [fmt_rate(depth_rate), fmt_time(s["depth"]), fmt_time(r["host"]),
+                  fmt_rate(b / (s["depth"] + r["host"]))]
+        out.append(cells)
+    heads = ["batch", "max h"]
+    for k in variants:
+        heads += [LABELS[k], "/depth"]
+    print_table(heads + ["depth-batched", "(wall)", "depth host", "depth+host"], out)
+    print("  /depth = throughput relative to depth-batched (device time); depth host = its host preprocessing per\n"
+          "  batch; depth+host = both. max h = tallest tree in the batch.")
+
+    print("\nMemory (MiB)")
+    out = []
+    for r in rows:
+        cells = [str(r["batch"]), str(r["nodes"])]
+        for k in variants:
+            used, alloc, size = r["tape"].get(k, (float("nan"),) * 3)
+            cells += [f"{used:.1f} / {alloc:.1f} ({size})", f"{r['temp'].get(k, float('nan')):.0f}"]
+        cells.append(f"{r['temp']['depth']:.0f}")
+        out.append(cells)
+    heads = ["batch", "nodes"]
+    for k in variants:
+        heads += [f"{LABELS[k]} tape used / alloc (tape_size)", "XLA temp"]
+    print_table(heads + ["depth-batched XLA temp"], out)
+
+    print("\nTarget: pcbatch >= 1x the depth-batched jax.grad at its best batch")
+    best_depth = max(rows, key=lambda r: r["batch"] / r["seconds"]["depth"])
+    depth_rate = best_depth["batch"] / best_depth["seconds"]["depth"]
+    for k in variants:
+        ok = [r for r in rows if k not in r["errors"]]
+        if not ok:
+            print(f"  {LABELS[k]}: error")
+            continue
+        best = max(ok, key=lambda r: r["batch"] / r["seconds"][k])
+        rate = best["batch"] / best["seconds"][k]
+        print(f"  {LABELS[k]}: best {fmt_rate(rate)} trees/s @ batch {best['batch']} vs depth-batched best "
+              f"{fmt_rate(depth_rate)} @ batch {best_depth['batch']}: {rate / depth_rate:.2f}x "
+              f"({'met' if rate >= depth_rate else 'NOT met'})")
+    errors = {(k, e) for r in rows for k, e in r["errors"].items()}
+    for k, e in sorted(errors):
+        print(f"error in {LABELS[k]}: {e}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Gradients where things go wrong or could: junk in idle lanes and padding
+rows, forward mode, stack overflow / max_steps inside a differentiated call
+(eager: the named error; inside jit: NaN gradients for the failed examples and
+a checkify error), and the tape's capacity (grows outside jit; a fixed size
+raises `TapeOverflowError`; inside jit: NaN and a checkify error naming the
+size)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import checkify
+
+import pcbatch
+from grad_helpers import assert_close, check_vjp
+
+
+@pcbatch.autobatch
+def junk(x, n):
+    """Examples with n <= 0 hold x == 0 while the first branch runs for the
+    others: sqrt, 1/x and log of their zero would be inf/NaN under a masked
+    (all-lanes) VJP."""
+    if n > 0:
+        return jnp.sqrt(x) + 1.0 / x + jnp.log(x)
+    return 2.0 * x
+
+
+@pcbatch.autobatch(lane_width=16)
+def junk_fork(x, n):
+    """Forked, with float arguments spawned into the children; each step runs
+    a few lanes in a 16-row batch: padding rows."""
+    if n <= 0:
+        return jnp.sqrt(x) + 1.0 / x
+    a = junk_fork(x * 2.0, n - 1)
+    b = junk_fork(x + 1.0, n - 2)
+    return a * jnp.log(b)
+
+
+def test_junk_in_idle_lanes_gives_no_nan():
+    x = jnp.asarray([0.0, 4.0, 0.0, 2.0])
+    n = jnp.asarray([0, 1, 0, 3])
+    g = check_vjp(junk, (x, n), positions=(0,))   # also asserts every cotangent is finite
+    assert np.asarray(g[0])[0] != 0.0
+
+
+def test_junk_in_padding_rows_gives_no_nan():
+    check_vjp(junk_fork, (jnp.asarray([0.5, 2.0, 1.5]), jnp.asarray([3, 0, 2])), positions=(0,))
+
+
+def test_forward_mode_raises_pcbatch_error():
+    x, n = jnp.asarray([1.0, 2.0]), jnp.asarray([1, 0])
+    with pytest.raises(pcbatch.ForwardModeError, match="jax.grad, jax.value_and_grad, jax.vjp or jax.jacrev"):
+        jax.jvp(lambda x: junk(x, n), (x,), (x,))
+    with pytest.raises(pcbatch.ForwardModeError):
+        jax.jacfwd(lambda x: junk(x, n))(x)
+    assert issubclass(pcbatch.ForwardModeError, pcbatch.PcbatchError)
+    # reverse mode's Jacobian works: row i is example i
+    jac = jax.jacrev(lambda x: junk(x, n))(jnp.asarray([1.0, 4.0]))
+    assert_close(jac, jnp.diag(jnp.asarray([0.5 - 1.0 + 1.0, 2.0])))
+
+
+@pcbatch.autobatch(in_axes=(None, 0, 0), max_stack_depth=4, max_steps=200)
+def deep(w, x, n):
+    if n <= 0:
+        return x
+    if n > 50:   # runs away
+        while n > 0:
+            x = x * w
+        return x
+    return w * deep(w, x, n - 1) + x
+
+
+W = jnp.float32(0.5)
+X = jnp.asarray([1.0, 2.0, 3.0])
+
+
+def loss(w, x, n):
+    return jnp.sum(deep(w, x, n) ** 2)
+
+
+@pytest.mark.parametrize("n, error", [([2, 10, 1], pcbatch.StackOverflowError),
+                                      ([2, 60, 1], pcbatch.MaxStepsExceededError)])
+def test_failures_inside_differentiated_calls(n, error):
+    n = jnp.asarray(n)
+    with pytest.raises(error):                             # eager: named errors, at the forward pass
+        jax.grad(loss, argnums=(0, 1))(W, X, n)
+    gw, gx = jax.jit(jax.grad(loss, argnums=(0, 1)))(W, X, n)   # jit: NaN, never garbage
+    assert np.isnan(gw)
+    gx = np.asarray(gx)
+    assert np.isnan(gx[1]) and np.all(np.isfinite(gx[[0, 2]]))
+    want = jax.grad(lambda x: jnp.sum(deep.reference(W, x[jnp.asarray([0, 2])], n[jnp.asarray([0, 2])]) ** 2))(X)
+    assert_close(gx[[0, 2]], np.asarray(want)[[0, 2]])
+    err, _ = checkify.checkify(jax.jit(jax.grad(loss)))(W, X, n)
+    with pytest.raises(Exception, match="pcbatch: (recursion deeper|max_steps)"):
+        err.throw()
+
+
+@pcbatch.autobatch
+def long_loop(x, n):
+    acc = 0.0
+    for i in range(n):
+        acc = acc * 0.5 + jnp.sin(x * i)
+    return acc
+
+
+def test_tape_grows_outside_jit_and_is_fixed_when_given():
+    x, n = jnp.asarray([0.3, 0.7]), jnp.asarray([300, 5])   # the loop body runs 305 times: > 256 per example
+    info = long_loop.tape_info(x, n)
+    assert info.needed == 153 and max(info.rows.values()) == 305 and info.bytes_used < info.bytes_allocated
+    f = long_loop.with_options(tape_size=100)
+    with pytest.raises(pcbatch.TapeOverflowError, match="tape_size=153"):
+        jax.grad(lambda x: jnp.sum(f(x, n)))(x)
+    g = jax.jit(jax.grad(lambda x: jnp.sum(f(x, n))))(x)   # inside jit: NaN and a checkify error
+    assert np.all(np.isnan(np.asarray(g)))
+    err, _ = checkify.checkify(jax.jit(jax.grad(lambda x: jnp.sum(f(x, n)))))(x)
+    with pytest.raises(Exception, match="tape overflowed; pass tape_size=153"):
+        err.throw()
+    # the default size grows outside jit (and keeps the size for later calls, jit included)
+    small = jnp.asarray([0.3, 0.7]), jnp.asarray([5, 3])
+    check_vjp(long_loop, small, positions=(0,))
+    check_vjp(long_loop, (x, n), positions=(0,))
+    check_vjp(long_loop, (x, n), positions=(0,), jit=True)

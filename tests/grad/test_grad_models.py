@@ -1,0 +1,50 @@
+"""Gradients of the TreeRNN models w.r.t. their shared parameters, on the
+lane pool (fork-join: Spawn copies a parent's arguments into a child, Join
+gathers the children's return values) and with one lane per example
+(`fork=False`: pc and value stacks), differential against `jax.vjp` of the
+per-example Python (`grad_helpers.check_vjp`).
+
+Also: lane exhaustion (a few free lanes: forks and sequential calls on the
+pool's stacks mix), where the stack cotangents and spawned/joined lanes
+interleave.
+"""
+from __future__ import annotations
+
+import jax
+
+from grad_helpers import check_vjp
+from pcbatch.ir.core import Join, Pop
+from pcbatch import data
+from pcbatch.models import child_sum, nary
+
+VOCAB, HIDDEN = 50, 4
+TREES = data.batch(data.random_binary_trees(5, min_leaves=1, max_leaves=7, vocab=VOCAB,
+                                            shape=("random", "left", "balanced", "right", "frontier")))
+
+
+def args(module):
+    return (module.init_params(jax.random.PRNGKey(0), VOCAB, HIDDEN), TREES, TREES.root)
+
+
+def test_nary_tree_lstm_forked_under_jit():
+    check_vjp(nary.nary_tree_lstm.with_options(lane_width=16), args(nary), positions=(0,), jit=True)
+
+
+def test_nary_tree_lstm_one_lane_per_example():
+    check_vjp(nary.nary_tree_lstm.with_options(fork=False), args(nary), positions=(0,))
+
+
+def test_child_sum_calls_inside_if():
+    """Children's calls inside an `if` in a constant-range loop: no fork."""
+    check_vjp(child_sum.child_sum_tree_lstm, args(child_sum), positions=(0,))
+
+
+def test_lane_exhaustion():
+    """A pool of 8 lanes for 5 trees: a few forks get lanes, the others run
+    their calls sequentially on the pool's stacks, within one run."""
+    f = nary.nary_tree_lstm.with_options(max_lanes=8, lane_width=16)
+    check_vjp(f, args(nary), positions=(0,), seed=3)
+    prog, rows = f.lowered(*args(nary)), f.tape_info(*args(nary)).rows
+    joins = [b for b, blk in enumerate(prog.blocks) if blk.ops and isinstance(blk.ops[0], Join)]
+    pops = [b for b, blk in enumerate(prog.blocks) if any(isinstance(op, Pop) for op in blk.ops)]
+    assert sum(rows.get(b, 0) for b in joins) > 0 and sum(rows.get(b, 0) for b in pops) > 0  # both paths ran

@@ -1,0 +1,48 @@
+"""The training module (`pcbatch.models.tree_classifier`): a few jitted Adam
+steps through the autobatched Tree-LSTM lower the loss (the gradients
+themselves are checked against Python in test_grad_models.py), and the labels
+follow the documented rule."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+
+from grad_helpers import assert_close
+from pcbatch.models import tree_classifier as tc
+
+
+def test_labels_follow_the_rule():
+    data = tc.labelled_trees(40, seed=3, min_leaves=1, max_leaves=6)
+    assert 0 < data.labels.mean() < 1
+    trees = [jax.tree_util.tree_map(lambda a: np.asarray(a)[i], data.trees) for i in range(40)]
+    for t, y in zip(trees, data.labels):
+        root = int(t.root)
+        if t.children[root, 0] < 0:                       # a single leaf: its own polarity
+            assert y == int(t.word[root] < tc.VOCAB // 2)
+    # by hand: left = leaves {0, 1}, right = leaf 2
+    children = np.full_like(trees[0].children, -1)
+    children[3] = [0, 1]
+    children[4] = [3, 2]
+    word = np.full_like(trees[0].word, -1)
+    word[:3] = [1, 2, 99]                                  # left: two positive words
+    t = trees[0]._replace(children=children, word=word, root=np.int32(4), num_nodes=np.int32(5))
+    assert tc.left_majority(t) == 1
+    word[:3] = [1, 98, 0]                                  # left: one of each: not a majority
+    assert tc.left_majority(t._replace(word=word)) == 0
+
+
+def test_a_few_adam_steps_lower_the_loss():
+    data = tc.labelled_trees(8, seed=0, min_leaves=2, max_leaves=6)
+    model = tc.encoder.with_options(lane_width=16)
+    params = tc.init_params(jax.random.PRNGKey(0), hidden=8)
+    optimizer = optax.adam(0.05)
+    step = tc.make_step(optimizer, model)
+    state = optimizer.init(params)
+    losses = []
+    for _ in range(6):
+        params, state, value = step(params, state, data.trees, data.labels)
+        losses.append(float(value))
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert_close(losses[0], float(tc.loss(tc.init_params(jax.random.PRNGKey(0), hidden=8), data.trees, data.labels,
+                                          model.reference)))
