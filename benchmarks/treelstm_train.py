@@ -53,7 +53,7 @@ import numpy as np
 import optax
 
 from benchmarks import treelstm_baselines as tb
-from benchmarks.common import block, fmt_rate, fmt_time, print_table
+from benchmarks.common import block, fmt_rate, fmt_time, print_table, time_calls
 from pcbatch import data
 from pcbatch.models import nary
 from pcbatch.models import tree_classifier as tc
@@ -82,25 +82,6 @@ def close(got: Any, want: Any) -> bool:
     g, w = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
     return len(g) == len(w) and all(np.allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL)
                                     for a, b in zip(g, w))
-
-
-def time_round_robin(fns: dict[str, Callable[[], Any]], repeats: int, min_time: float) -> dict[str, float]:
-    """Median seconds per call of each (already warm) function, repeats
-    interleaved so that background load hits all alike; a repeat lasts at
-    least `min_time` (several calls, mean)."""
-    inner = {}
-    for k, fn in fns.items():
-        t0 = time.perf_counter()
-        block(fn())
-        inner[k] = max(1, int(min_time / max(time.perf_counter() - t0, 1e-9)))
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(inner[k]):
-                block(fn())
-            samples[k].append((time.perf_counter() - t0) / inner[k])
-    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, variants: list[str], repeats: int,
@@ -134,7 +115,7 @@ def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, varia
             fns[key] = (lambda s, m: lambda: s(params, dev_trees, dev_labels, m))(step, model)
         except Exception as e:  # noqa: BLE001 - report, keep the others
             row["errors"][key] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-    row["seconds"] = time_round_robin(fns, repeats, min_time)
+    row["seconds"] = time_calls(fns, repeats, min_time)
     host = []
     for _ in range(max(3, repeats)):
         t0 = time.perf_counter()

@@ -315,15 +315,7 @@ class _PackFn:
 
     def __init__(self, g: BlockGraph, pack: _Pack, inputs: tuple[str, ...]):
         self.g, self.pack, self.inputs = g, pack, inputs
-        need: set[int] = set()
-        todo = [a for a in pack.atoms if isinstance(a, int)]
-        while todo:
-            v = todo.pop()
-            if v in need:
-                continue
-            need.add(v)
-            if v in g.producer:
-                todo.extend(a for a in g.nodes[g.producer[v]].ins if isinstance(a, int))
+        need = _ancestors(g, pack)
         self.nodes = [n for n in g.nodes if any(v in need for v in n.outs)]
 
     def __call__(self, *args: Any) -> tuple:
@@ -335,11 +327,10 @@ class _PackFn:
         return (lax.concatenate([jax.numpy.asarray(p) for p in parts], self.pack.axis),)
 
 
-def _pack_inputs(g: BlockGraph, pack: _Pack) -> tuple[str, ...]:
-    """The constant variables a packed constant is computed from."""
-    leaves = set()
+def _ancestors(g: BlockGraph, pack: _Pack) -> set[int]:
+    """The graph values a packed constant's members are computed from, themselves included."""
+    seen: set[int] = set()
     todo = [a for a in pack.atoms if isinstance(a, int)]
-    seen = set()
     while todo:
         v = todo.pop()
         if v in seen:
@@ -347,8 +338,12 @@ def _pack_inputs(g: BlockGraph, pack: _Pack) -> tuple[str, ...]:
         seen.add(v)
         if v in g.producer:
             todo.extend(a for a in g.nodes[g.producer[v]].ins if isinstance(a, int))
-        else:
-            leaves.add(v)
+    return seen
+
+
+def _pack_inputs(g: BlockGraph, pack: _Pack) -> tuple[str, ...]:
+    """The constant variables a packed constant is computed from."""
+    leaves = {v for v in _ancestors(g, pack) if v not in g.producer}
     return tuple(var for var in g.inputs if leaves & set(g.input_leaves[var]))
 
 
