@@ -51,7 +51,7 @@ def masked_update(op: Prim, types: dict[str, Any], large: set[str]) -> Callable 
     with the mask folded into the final updates of the registers in `large`
     it rewrites, or None when some such output is not produced that way (then
     the machine selects as usual). Outputs are in `op.outs` order."""
-    targets = [k for k, v in enumerate(op.outs) if v in large and v in op.ins]
+    targets = [v for v in op.outs if v in large and v in op.ins]
     if not targets:
         return None
     try:
@@ -59,21 +59,35 @@ def masked_update(op: Prim, types: dict[str, Any], large: set[str]) -> Callable 
     except Exception:  # the machine's own tracing reports real errors
         return None
     jaxpr = closed.jaxpr
+
+    def flat_positions(names: tuple[str, ...]) -> list[tuple[str, Any, range]]:
+        """Each (pytree) variable's tree structure and positions among the flattened jaxpr vars."""
+        out, at = [], 0
+        for v in names:
+            tree = jax.tree_util.tree_structure(types[v])
+            out.append((v, tree, range(at, at + tree.num_leaves)))
+            at += tree.num_leaves
+        return out
+
+    ins_at = {v: r for v, _, r in reversed(flat_positions(op.ins))}  # first occurrence
+    out_trees = flat_positions(op.outs)
+    outs_at = {v: r for v, _, r in out_trees}
+    if sum(len(r) for _, _, r in out_trees) != len(jaxpr.outvars):
+        return None
     producer = {id(o): e for e in jaxpr.eqns for o in e.outvars}
     masked_eqns: dict[int, str] = {}
-    for k in targets:
-        out = jaxpr.outvars[k]
-        eqn = producer.get(id(out))
-        operand = jaxpr.invars[op.ins.index(op.outs[k])]
-        if eqn is None or not eqn.invars or eqn.invars[0] is not operand:
-            return None
-        name = eqn.primitive.name
-        if name in _SCATTERS and _drops_out_of_bounds(eqn):
-            masked_eqns[id(eqn)] = "scatter"
-        elif name == "dynamic_update_slice":
-            masked_eqns[id(eqn)] = "dus"
-        else:
-            return None
+    for v in targets:
+        for i, k in zip(ins_at[v], outs_at[v]):
+            eqn = producer.get(id(jaxpr.outvars[k]))
+            if eqn is None or not eqn.invars or eqn.invars[0] is not jaxpr.invars[i]:
+                return None
+            name = eqn.primitive.name
+            if name in _SCATTERS and _drops_out_of_bounds(eqn):
+                masked_eqns[id(eqn)] = "scatter"
+            elif name == "dynamic_update_slice":
+                masked_eqns[id(eqn)] = "dus"
+            else:
+                return None
 
     def per_example(active, *args):
         env: dict[Any, Any] = {}
@@ -82,7 +96,7 @@ def masked_update(op: Prim, types: dict[str, Any], large: set[str]) -> Callable 
             return v.val if isinstance(v, Literal) else env[v]
 
         env.update(zip(jaxpr.constvars, closed.consts))
-        env.update(zip(jaxpr.invars, args))
+        env.update(zip(jaxpr.invars, jax.tree_util.tree_leaves(args)))
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
             kind = masked_eqns.get(id(eqn))
@@ -98,6 +112,7 @@ def masked_update(op: Prim, types: dict[str, Any], large: set[str]) -> Callable 
             for v, x in zip(eqn.outvars, outs):
                 if not isinstance(v, DropVar):
                     env[v] = x
-        return tuple(read(v) for v in jaxpr.outvars)
+        flat = [read(v) for v in jaxpr.outvars]
+        return tuple(jax.tree_util.tree_unflatten(tree, flat[r.start:r.stop]) for _, tree, r in out_trees)
 
     return per_example
