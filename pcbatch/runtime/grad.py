@@ -679,7 +679,7 @@ class Differentiable:
             plan = Plan(prog, _machine_for(prog, lanes, config), tape_size)
 
             def forward(inputs):
-                result, status, _, tape = run_machine(prog, inputs, lanes, config, None, Recorder(plan))
+                result, status, _, tape = run_machine(prog, inputs, lanes, config, recorder=Recorder(plan))
                 del tape["writer"]  # only the forward needs it
                 return result, status, tape
 
