@@ -9,9 +9,10 @@ call (compilation excluded), `--samples` NUTS transitions per chain with
 
 * **pcbatch**: `pcbatch.mcmc.nuts` (recursive single-chain NUTS, autobatched;
   one program for all transitions, so chains desynchronize across trajectories);
-  with `leapfrogs_per_leaf=1` under pcbatch's default "earliest" scheduler
-  (`pcbatch/1/earliest`) and under `nuts.GradientLast` (`pcbatch/1`, the
-  sampler's default: gradient steps wait for every running chain), and with
+  with `leapfrogs_per_leaf=1` under `nuts.GradientLast` (`pcbatch/1/last`:
+  gradient steps wait for every running chain) and `nuts.GradientQuorum`
+  (`pcbatch/1`, the sampler's default: a gradient step once half the running
+  chains wait for one), and with
   4 leapfrogs per leaf as Radul et al. did (`pcbatch/4`: other trajectories,
   leaves of 4 steps of size step/4);
 * **blackjax**: BlackJAX's iterative NUTS, `jax.vmap` over chains, `lax.scan` over
@@ -40,22 +41,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import fmt_rate, print_table, time_calls
-from pcbatch.mcmc import nuts
+from pcbatch.mcmc import nuts, targets
 
 DIM = 100
 
 
 def correlated_gaussian(dim: int = DIM, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    q, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
-    variances = np.logspace(-1, 0, dim)
-    cov = (q * variances) @ q.T
-    prec = jnp.asarray(np.linalg.inv(cov), jnp.float32)
-
-    def logdensity(x):
-        return -0.5 * x @ (prec @ x)
-
-    return logdensity, cov
+    t = targets.correlated_gaussian(dim, seed)
+    return t.logdensity, t.cov
 
 
 class Counting:
@@ -116,11 +109,11 @@ def main() -> None:
         x0 = jnp.asarray(np.random.default_rng(chains).standard_normal((chains, DIM)) @ chol.T, jnp.float32)
         keys = jax.random.split(jax.random.PRNGKey(chains), chains)
         fns, useful, executed = {}, {}, {}
-        for lpl, sched in ((1, "earliest"), (1, "gradient_last"), (4, "gradient_last")):
-            name = f"pcbatch/{lpl}" + ("/earliest" if sched == "earliest" else "")
+        for lpl, sched in ((1, "gradient_last"), (1, "gradient_quorum"), (4, "gradient_quorum")):
+            name = f"pcbatch/{lpl}" + ("/last" if sched == "gradient_last" else "")
             prog = nuts.sampler(logdensity, num_samples=S, max_tree_depth=depth, leapfrogs_per_leaf=lpl,
                                 uturn_criterion="numpyro", schedule=sched)
-            pargs = nuts.prepare(x0, keys, eps / lpl if lpl > 1 else eps, inv_mass)[0]
+            pargs = nuts.prepare(x0, keys, eps / lpl if lpl > 1 else eps, inv_mass, S)[0]
             fns[name] = (lambda p, a: (lambda: p.checked(*a)))(prog, pargs)
             out, _ = fns[name]()
             useful[name] = int(np.asarray(out.info.num_integration_steps).sum())
@@ -128,7 +121,8 @@ def main() -> None:
             counted = prog.with_schedule(counter)
             jax.block_until_ready(counted.checked(*pargs))
             leaf = nuts.leaf_block(prog.lowered(*pargs))
-            executed[name] = counter.counts.get(leaf, 0) * chains * lpl
+            # each leaf-block step evaluates two leaves (the bottom of the tree) per lane
+            executed[name] = counter.counts.get(leaf, 0) * chains * lpl * 2
         if blackjax is not None:
             kernel = blackjax.nuts(logdensity, step_size=eps, inverse_mass_matrix=inv_mass,
                                    max_num_doublings=depth)
@@ -151,7 +145,7 @@ def main() -> None:
         times = time_calls(fns, args.repeats)
         rows.append((chains, {k: (useful[k] / times[k], useful[k] / executed[k], times[k], useful[k]) for k in fns}))
 
-    names = [n for n in ("pcbatch/1/earliest", "pcbatch/1", "pcbatch/4", "blackjax", "limit") if n in rows[0][1]]
+    names = [n for n in ("pcbatch/1/last", "pcbatch/1", "pcbatch/4", "blackjax", "limit") if n in rows[0][1]]
     print()
     print("useful gradient evaluations per second (utilization = useful / executed gradient lanes)")
     headers = ["chains"] + names + (["pcbatch/1 : blackjax", "pcbatch/1 : limit"] if "blackjax" in names

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pcbatch
+from pcbatch.mcmc import _random
 
 __all__ = ["GradientLast", "NUTSInfo", "NUTSOutput", "sample", "sampler"]
 
@@ -45,49 +46,77 @@ class NUTSInfo(NamedTuple):
     acceptance_rate: Any          # mean over the trajectory's leaves of min(1, exp(H0 - H))
     is_divergent: Any             # the energy error exceeded `max_delta_energy`
     is_turning: Any               # the trajectory stopped on a U-turn (not divergence/depth)
-    num_trajectory_expansions: Any  # tree depth: doublings that were merged
+    num_trajectory_expansions: Any  # doublings, the last one included even if it was not merged (Stan's treedepth)
     num_integration_steps: Any    # gradient evaluations (leapfrog steps) this transition
     energy: Any                   # H of the starting state: -logp(x0) + K(p0)
 
 
 class NUTSOutput(NamedTuple):
+    """What `sample` returns: the draws after warm-up, their statistics, and
+    each chain's step size (adapted during warm-up, if any).
+
+    `out.summary()` gives the mean, standard deviation, split-R-hat and
+    effective sample size of each coordinate (`diagnostics.summary`)."""
     position: Any                 # [chains, num_samples, dim]
     logdensity: Any               # [chains, num_samples]
     info: NUTSInfo
+    step_size: Any                # [chains]
+
+    def summary(self) -> dict[str, Any]:
+        """Per coordinate: `mean`, `sd`, split-`rhat` and `ess` over all chains."""
+        from pcbatch.mcmc.diagnostics import summary
+        return summary(self.position)
 
 
 # --------------------------------------------------------------------------
 # plain helpers (traced inline as JAX code)
 # --------------------------------------------------------------------------
 
-class Tree(NamedTuple):
-    """What `build_tree` returns for one subtree, in its direction of travel."""
-    x: Any          # the last leaf (the new edge of the trajectory) ...
+class Edge(NamedTuple):
+    """The integrator's state at the growing end of the trajectory. Inside
+    `build_tree` the momentum of a backward subtree is negated, so every
+    subtree is integrated forward (with the same step) and never needs to
+    know its direction: the no-U-turn checks only compare momenta with each
+    other, so they read the same with all of them negated."""
+    x: Any
     p: Any
     g: Any
     logp: Any
-    p_beg: Any      # momentum of the first leaf (next to where the subtree started)
-    prop_x: Any     # the subtree's multinomial proposal
-    prop_logp: Any
+
+
+class Acc(NamedTuple):
+    """Running totals over the leaves of the subtree being added to the
+    trajectory (one doubling). `build_tree` takes them and returns them, so
+    the recursion never saves them on a stack: the multinomial proposal among
+    the leaves so far (reservoir sampling: each leaf replaces it with
+    probability weight / total weight, so it ends up distributed as the
+    weights, as the per-merge choice of Stan/BlackJAX), the log of the summed
+    weights exp(H0 - H), the sum of min(1, exp(H0 - H)), the number of leaves,
+    a divergence flag; `H0`, the step size and the random key ride along."""
+    prop_x: Any
     prop_g: Any
-    log_weight: Any  # log of the summed weights exp(H0 - H) of the leaves
-    rho: Any        # sum of the leaves' momenta
-    valid: Any      # no divergence and no U-turn inside
-    divergent: Any
+    prop_logp: Any
+    log_weight: Any
+    sum_metro: Any
     n_leaves: Any
-    sum_metro: Any  # sum over leaves of min(1, exp(H0 - H))
+    divergent: Any
+    H0: Any
+    step_size: Any
+    key: Any
+
+
+class Subtree(NamedTuple):
+    """What the caller of `build_tree` needs about the subtree for the
+    no-U-turn checks of the merge (momenta in the subtree's own frame)."""
+    rho: Any        # summed momenta of its leaves
+    p_beg: Any      # momentum of its first leaf (Stan's criterion; else empty)
+    valid: Any      # no divergence and no U-turn inside
 
 
 class Trajectory(NamedTuple):
     """The top-level trajectory of one transition, in time order."""
-    xl: Any
-    pl: Any
-    gl: Any
-    logpl: Any
-    xr: Any
-    pr: Any
-    gr: Any
-    logpr: Any
+    left: Edge
+    right: Edge
     rho: Any
     log_weight: Any
     prop_x: Any
@@ -108,160 +137,253 @@ def _no_uturn(p_minus, p_plus, rho, inv_mass, criterion):
     return (jnp.dot(inv_mass * p_plus, rho) > 0) & (jnp.dot(inv_mass * p_minus, rho) > 0)
 
 
-def _uniform_below(key, log_ratio):
-    """True with probability min(1, exp(log_ratio))."""
-    return jax.random.uniform(key) < jnp.exp(log_ratio)
+def _where(c, a, b):
+    return jax.tree_util.tree_map(lambda u, v: jnp.where(c, u, v), a, b)
 
 
-def _leaf(logdensity_fn, steps, x, p, g, direction, step_size, inv_mass, H0, max_delta_energy):
-    """`steps` leapfrog steps; the final state is the leaf."""
-    eps = direction * step_size
-    logp = jnp.zeros((), x.dtype)
+def _leaf(logdensity_fn, steps, edge, acc, inv_mass, max_delta_energy):
+    """`steps` leapfrog steps from the edge; the last state is the leaf. It
+    joins the running totals (and maybe becomes the proposal)."""
+    x, p, g, logp = edge
+    step_size = acc.step_size
     for _ in range(steps):
-        p = p + 0.5 * eps * g
-        x = x + eps * inv_mass * p
+        p = p + 0.5 * step_size * g
+        x = x + step_size * inv_mass * p
         logp, g = jax.value_and_grad(logdensity_fn)(x)
-        p = p + 0.5 * eps * g
+        p = p + 0.5 * step_size * g
     H = -logp + _kinetic(p, inv_mass)
-    H = jnp.where(jnp.isnan(H), jnp.inf, H)
-    delta = H0 - H
+    delta = acc.H0 - jnp.where(jnp.isnan(H), jnp.inf, H)
     divergent = -delta > max_delta_energy
-    return Tree(x=x, p=p, g=g, logp=logp, p_beg=p, prop_x=x, prop_logp=logp, prop_g=g,
-                log_weight=delta, rho=p, valid=~divergent, divergent=divergent,
-                n_leaves=jnp.int32(1), sum_metro=jnp.minimum(1.0, jnp.exp(delta)).astype(x.dtype))
+    key, k_take = _random.split(acc.key)
+    log_weight = jnp.logaddexp(acc.log_weight, delta)
+    take = _random.uniform(k_take) < jnp.exp(delta - log_weight)
+    acc = Acc(prop_x=jnp.where(take, x, acc.prop_x), prop_g=jnp.where(take, g, acc.prop_g),
+              prop_logp=jnp.where(take, logp, acc.prop_logp), log_weight=log_weight,
+              sum_metro=acc.sum_metro + jnp.minimum(1.0, jnp.exp(delta)).astype(x.dtype),
+              n_leaves=acc.n_leaves + 1, divergent=acc.divergent | divergent, H0=acc.H0,
+              step_size=acc.step_size, key=key)
+    return Edge(x, p, g, logp), acc
 
 
-def _merge_subtrees(init, final, key, inv_mass, criterion):
-    """Join two adjacent subtrees (same direction): uniform multinomial choice
-    of the proposal, and the no-U-turn checks on the joined subtree (with
-    Stan's criterion, also the two across the seam)."""
-    log_weight = jnp.logaddexp(init.log_weight, final.log_weight)
-    take_final = _uniform_below(key, final.log_weight - log_weight)
-    rho = init.rho + final.rho
-    persist = _no_uturn(init.p_beg, final.p, rho, inv_mass, criterion)
+def _seam(p, criterion):
+    """A momentum only Stan's extra checks across a merge read: with the
+    NumPyro/BlackJAX criterion an empty array, so it costs no stack traffic."""
+    return p if criterion == "stan" else p[:0]
+
+
+def _join(p_beg, p_end, rho, sub, p_new_end, inv_mass, criterion):
+    """The no-U-turn checks for a tree (first momentum `p_beg`, last `p_end`,
+    summed `rho`) joined with the subtree that follows it (ending at
+    `p_new_end`): on the joined tree, and with Stan's criterion also the two
+    across the seam. Returns the joined tree's `rho` and whether it is valid."""
+    rho_all = rho + sub.rho
+    persist = _no_uturn(p_beg, p_new_end, rho_all, inv_mass, criterion)
     if criterion == "stan":
-        persist = (persist & _no_uturn(init.p_beg, final.p_beg, init.rho + final.p_beg, inv_mass, criterion)
-                   & _no_uturn(init.p, final.p, final.rho + init.p, inv_mass, criterion))
-    return Tree(x=final.x, p=final.p, g=final.g, logp=final.logp, p_beg=init.p_beg,
-                prop_x=jnp.where(take_final, final.prop_x, init.prop_x),
-                prop_logp=jnp.where(take_final, final.prop_logp, init.prop_logp),
-                prop_g=jnp.where(take_final, final.prop_g, init.prop_g),
-                log_weight=log_weight, rho=rho, valid=final.valid & persist,
-                divergent=init.divergent | final.divergent,
-                n_leaves=init.n_leaves + final.n_leaves, sum_metro=init.sum_metro + final.sum_metro)
+        persist = (persist & _no_uturn(p_beg, sub.p_beg, rho + sub.p_beg, inv_mass, criterion)
+                   & _no_uturn(p_end, p_new_end, sub.rho + p_end, inv_mass, criterion))
+    return rho_all, sub.valid & persist
+
+
+def _pair(logdensity_fn, steps, depth, edge, acc, inv_mass, max_delta_energy, criterion):
+    """The bottom of the recursion, unrolled: the first two leaves of a
+    subtree of `depth` >= 1, joined (a subtree of depth 1); for `depth` 0
+    only the first. Both are computed in one machine step, so the blocks
+    between gradient steps are paid once per two leaves. The second is
+    wasted (computed, not used or counted) when the first diverges or the
+    subtree has depth 0 (once per transition: its first doubling).
+    Returns the edge, the running totals, and the pair's rho, first momentum
+    and validity."""
+    edge1, acc1 = _leaf(logdensity_fn, steps, edge, acc, inv_mass, max_delta_energy)
+    edge2, acc2 = _leaf(logdensity_fn, steps, edge1, acc1, inv_mass, max_delta_energy)
+    valid1 = ~acc1.divergent
+    second = Subtree(edge2.p, _seam(edge2.p, criterion), ~acc2.divergent)
+    rho2, valid2 = _join(edge1.p, _seam(edge1.p, criterion), edge1.p, second, edge2.p, inv_mass, criterion)
+    use2 = valid1 & (depth > 0)
+    return (_where(use2, edge2, edge1), _where(use2, acc2, acc1), jnp.where(use2, rho2, edge1.p), edge1.p,
+            jnp.where(use2, valid2, valid1))
 
 
 def _start(x, p, g, logp):
-    return Trajectory(xl=x, pl=p, gl=g, logpl=logp, xr=x, pr=p, gr=g, logpr=logp, rho=p,
-                      log_weight=jnp.zeros((), x.dtype), prop_x=x, prop_logp=logp, prop_g=g)
+    edge = Edge(x, p, g, logp)
+    return Trajectory(left=edge, right=edge, rho=p, log_weight=jnp.zeros((), x.dtype),
+                      prop_x=x, prop_logp=logp, prop_g=g)
 
 
-def _edge(traj, forward):
-    """The state to extend from: the right end going forward, else the left."""
-    return (jnp.where(forward, traj.xr, traj.xl), jnp.where(forward, traj.pr, traj.pl),
-            jnp.where(forward, traj.gr, traj.gl), jnp.where(forward, traj.logpr, traj.logpl))
+def _outer_edge(traj, forward):
+    """The end to extend from, in the subtree's frame (momentum negated going backward)."""
+    e = _where(forward, traj.right, traj.left)
+    return Edge(e.x, jnp.where(forward, e.p, -e.p), e.g, e.logp)
 
 
-def _extend(traj, sub, forward, key, inv_mass, criterion):
-    """Merge a valid new subtree into the trajectory: biased progressive
+def _fresh_acc(edge, H0, step_size, key):
+    return Acc(prop_x=edge.x, prop_g=edge.g, prop_logp=edge.logp,
+               log_weight=jnp.full((), -jnp.inf, edge.x.dtype), sum_metro=jnp.zeros((), edge.x.dtype),
+               n_leaves=jnp.int32(0), divergent=jnp.zeros((), bool), H0=H0, step_size=step_size, key=key)
+
+
+def _extend(traj, edge, acc, sub, forward, key, inv_mass, criterion):
+    """Merge a new subtree (its far end `edge`, totals `acc`, summary `sub`,
+    in its own frame) into the trajectory if it is valid: biased progressive
     sampling of the proposal, then the no-U-turn checks (Stan's: three).
-    Returns the new trajectory and whether it keeps going."""
-    take_new = _uniform_below(key, sub.log_weight - traj.log_weight)
-    # bck / fwd: the earlier and the later part in time order.
-    bck_left_p = jnp.where(forward, traj.pl, sub.p)
-    bck_right_p = jnp.where(forward, traj.pr, sub.p_beg)
-    fwd_left_p = jnp.where(forward, sub.p_beg, traj.pl)
-    fwd_right_p = jnp.where(forward, sub.p, traj.pr)
-    rho_bck = jnp.where(forward, traj.rho, sub.rho)
-    rho_fwd = jnp.where(forward, sub.rho, traj.rho)
-    rho = rho_bck + rho_fwd
-    persist = _no_uturn(bck_left_p, fwd_right_p, rho, inv_mass, criterion)
+    Returns the trajectory (unchanged for an invalid subtree) and whether it
+    keeps going."""
+    sign = jnp.where(forward, 1.0, -1.0).astype(edge.x.dtype)
+    end = Edge(edge.x, sign * edge.p, edge.g, edge.logp)
+    sub_rho, sub_p_beg = sign * sub.rho, sign * sub.p_beg
+    take = sub.valid & (_random.uniform(key) < jnp.exp(acc.log_weight - traj.log_weight))
+    left = _where(forward, traj.left, end)
+    right = _where(forward, end, traj.right)
+    rho = traj.rho + sub_rho
+    persist = _no_uturn(left.p, right.p, rho, inv_mass, criterion)
     if criterion == "stan":
-        persist = (persist
-                   & _no_uturn(bck_left_p, fwd_left_p, rho_bck + fwd_left_p, inv_mass, criterion)
-                   & _no_uturn(bck_right_p, fwd_right_p, rho_fwd + bck_right_p, inv_mass, criterion))
-    new = Trajectory(
-        xl=jnp.where(forward, traj.xl, sub.x), pl=jnp.where(forward, traj.pl, sub.p),
-        gl=jnp.where(forward, traj.gl, sub.g), logpl=jnp.where(forward, traj.logpl, sub.logp),
-        xr=jnp.where(forward, sub.x, traj.xr), pr=jnp.where(forward, sub.p, traj.pr),
-        gr=jnp.where(forward, sub.g, traj.gr), logpr=jnp.where(forward, sub.logp, traj.logpr),
-        rho=rho, log_weight=jnp.logaddexp(traj.log_weight, sub.log_weight),
-        prop_x=jnp.where(take_new, sub.prop_x, traj.prop_x),
-        prop_logp=jnp.where(take_new, sub.prop_logp, traj.prop_logp),
-        prop_g=jnp.where(take_new, sub.prop_g, traj.prop_g))
-    return new, persist
+        # bck / fwd: the earlier and the later part in time order.
+        bck_right_p = jnp.where(forward, traj.right.p, sub_p_beg)
+        fwd_left_p = jnp.where(forward, sub_p_beg, traj.left.p)
+        rho_bck = jnp.where(forward, traj.rho, sub_rho)
+        rho_fwd = jnp.where(forward, sub_rho, traj.rho)
+        persist = (persist & _no_uturn(left.p, fwd_left_p, rho_bck + fwd_left_p, inv_mass, criterion)
+                   & _no_uturn(bck_right_p, right.p, rho_fwd + bck_right_p, inv_mass, criterion))
+    new = Trajectory(left=left, right=right, rho=rho, log_weight=jnp.logaddexp(traj.log_weight, acc.log_weight),
+                     prop_x=jnp.where(take, acc.prop_x, traj.prop_x),
+                     prop_logp=jnp.where(take, acc.prop_logp, traj.prop_logp),
+                     prop_g=jnp.where(take, acc.prop_g, traj.prop_g))
+    return _where(sub.valid, new, traj), persist
+
+
+def _transition_start(x, logp, g, key, noise, inv_mass):
+    """Transition i's momentum (from standard normal `noise`) and the one-point trajectory at x."""
+    key, k_traj = _random.split(key)
+    p = noise / jnp.sqrt(inv_mass)
+    H0 = -logp + _kinetic(p, inv_mass)
+    return key, k_traj, H0, _start(x, p, g, logp)
+
+
+class _Draws(NamedTuple):
+    position: Any
+    logdensity: Any
+    info: NUTSInfo
+
+
+def _empty_draws(num_samples, x):
+    zeros = lambda shape, dtype: jnp.zeros((num_samples,) + shape, dtype)
+    return _Draws(zeros(x.shape, x.dtype), zeros((), x.dtype),
+                  NUTSInfo(zeros((), x.dtype), zeros((), bool), zeros((), bool), zeros((), jnp.int32),
+                           zeros((), jnp.int32), zeros((), x.dtype)))
+
+
+def _record(draws, j, x, logp, stats):
+    """Row j of every output; a warm-up transition (j < 0) writes nothing.
+    (Each buffer is updated with `.at[j].set`, which the machine applies in
+    place, one row per lane, rather than re-selecting the whole buffer.)"""
+    n = draws.logdensity.shape[0]
+    j = jnp.where(j >= 0, j, n)  # past the end: dropped
+    return jax.tree_util.tree_map(lambda buf, v: buf.at[j].set(v), draws, _Draws(x, logp, stats))
+
+
+class _DualAveraging(NamedTuple):
+    """Nesterov dual averaging of log(step size) (Hoffman & Gelman 2014, Alg. 5,
+    as Stan does it, with its constants; BlackJAX averages the previous iterate)."""
+    step_size: Any      # the step size the next transition uses
+    log_step: Any
+    log_step_avg: Any
+    h_avg: Any          # running mean of (target - acceptance statistic)
+    mu: Any             # shrinkage target, log(10 * initial step size)
+
+
+def _adaptation_start(step_size, dtype):
+    step = jnp.asarray(step_size, dtype)
+    zero = jnp.zeros((), dtype)
+    return _DualAveraging(step, jnp.log(step), zero, zero, jnp.log(10.0 * step))
+
+
+def _adapt(state, i, accept, num_warmup, target, gamma=0.05, t0=10.0, kappa=0.75):
+    """After transition i (0-based) of `num_warmup`: the step size for the
+    next one; after the last, the averaged step size, kept from then on."""
+    if num_warmup == 0:
+        return state
+    t = jnp.asarray(i + 1, state.h_avg.dtype)
+    h_avg = (1.0 - 1.0 / (t + t0)) * state.h_avg + (target - accept) / (t + t0)
+    log_step = state.mu - jnp.sqrt(t) / gamma * h_avg
+    eta = t ** -kappa
+    log_step_avg = eta * log_step + (1.0 - eta) * state.log_step_avg
+    step = jnp.where(i + 1 < num_warmup, jnp.exp(log_step), jnp.exp(log_step_avg))
+    new = _DualAveraging(step.astype(state.step_size.dtype), log_step, log_step_avg, h_avg, state.mu)
+    return _where(i < num_warmup, new, state)
 
 
 # --------------------------------------------------------------------------
 # the autobatched program
 # --------------------------------------------------------------------------
 
-def _make_program(logdensity_fn: Callable, num_samples: int, max_tree_depth: int,
-                  leapfrogs_per_leaf: int, max_delta_energy: float,
+def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, target_accept: float,
+                  max_tree_depth: int, leapfrogs_per_leaf: int, max_delta_energy: float,
                   uturn_criterion: str) -> Callable:
     """`run_chains(x, key, step_size, inv_mass)` for one chain, autobatched;
-    the batch axis of `step_size` / `inv_mass` is chosen per call (`sampler`)."""
+    the batch axis of `step_size` / `inv_mass` is chosen per call (`sampler`).
+
+    `build_tree(depth, ...)` returns the subtree of 2**depth leaves after
+    the edge: its first leaf, then subtrees of depth 0, 1, ..., depth-1 joined
+    on one after another. That is the textbook recursion (two halves of
+    depth-1) with its left spine unrolled into a loop: the same binary tree
+    and the same no-U-turn checks, but every call starts with its leaf, so
+    between two gradient evaluations a chain runs few blocks (the leaf, then
+    a call, or a return and a join per finished level)."""
 
     @pcbatch.autobatch
-    def build_tree(depth, x, p, g, logp, direction, H0, key, step_size, inv_mass):
-        if depth == 0:
-            return _leaf(logdensity_fn, leapfrogs_per_leaf, x, p, g, direction, step_size, inv_mass,
-                         H0, max_delta_energy)
-        k_init, k_final, k_choice = jax.random.split(key, 3)
-        init = build_tree(depth - 1, x, p, g, logp, direction, H0, k_init, step_size, inv_mass)
-        if not init.valid:
-            return init
-        final = build_tree(depth - 1, init.x, init.p, init.g, init.logp, direction, H0, k_final,
-                           step_size, inv_mass)
-        return _merge_subtrees(init, final, k_choice, inv_mass, uturn_criterion)
+    def build_tree(depth, edge, acc, inv_mass):
+        edge, acc, rho, p_beg, valid = _pair(logdensity_fn, leapfrogs_per_leaf, depth, edge, acc, inv_mass,
+                                             max_delta_energy, uturn_criterion)
+        level = 1
+        if (depth > 1) & valid:
+            while True:
+                p_end = _seam(edge.p, uturn_criterion)
+                edge, acc, sub = build_tree(level, edge, acc, inv_mass)
+                rho, valid = _join(p_beg, p_end, rho, sub, edge.p, inv_mass, uturn_criterion)
+                level = level + 1
+                if (level == depth) | ~valid:
+                    break
+        return edge, acc, Subtree(rho, _seam(p_beg, uturn_criterion), valid)
 
-    def run_chains(x, key, step_size, inv_mass):
+    def run_chains(x, key, noise, step_size, inv_mass):
         logp, g = jax.value_and_grad(logdensity_fn)(x)
-        positions = jnp.zeros((num_samples,) + x.shape, x.dtype)
-        logps = jnp.zeros((num_samples,), x.dtype)
-        acceptance = jnp.zeros((num_samples,), x.dtype)
-        energies = jnp.zeros((num_samples,), x.dtype)
-        divergences = jnp.zeros((num_samples,), bool)
-        turnings = jnp.zeros((num_samples,), bool)
-        depths = jnp.zeros((num_samples,), jnp.int32)
-        grads = jnp.zeros((num_samples,), jnp.int32)
-        for i in range(num_samples):
-            key, k_momentum, k_tree = jax.random.split(key, 3)
-            p = jax.random.normal(k_momentum, x.shape, x.dtype) / jnp.sqrt(inv_mass)
-            H0 = -logp + _kinetic(p, inv_mass)
-            traj = _start(x, p, g, logp)
-            depth = 0
-            n_leaves = 0
-            sum_metro = jnp.zeros((), x.dtype)
-            divergent = False
-            turning = False
-            while depth < max_tree_depth:
-                k_tree, k_direction, k_sub, k_accept = jax.random.split(k_tree, 4)
-                forward = jax.random.bernoulli(k_direction)
-                direction = jnp.where(forward, 1.0, -1.0).astype(x.dtype)
-                ex, ep, eg, elogp = _edge(traj, forward)
-                sub = build_tree(depth, ex, ep, eg, elogp, direction, H0, k_sub, step_size, inv_mass)
-                n_leaves = n_leaves + sub.n_leaves
-                sum_metro = sum_metro + sub.sum_metro
-                divergent = divergent | sub.divergent
-                if not sub.valid:
-                    turning = ~sub.divergent
+        draws = _empty_draws(num_samples, x)
+        adapt = _adaptation_start(step_size, x.dtype)
+        key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[0], inv_mass)
+        i = 0
+        depth = 0
+        n_leaves = 0
+        sum_metro = jnp.zeros((), x.dtype)
+        divergent = False
+        while True:
+            # One doubling: a subtree of 2**depth leaves in a random direction.
+            k_traj, k_direction, k_sub, k_accept = _random.split(k_traj, 4)
+            forward = _random.uniform(k_direction) < 0.5
+            edge = _outer_edge(traj, forward)
+            edge, acc, sub = build_tree(depth, edge, _fresh_acc(edge, H0, adapt.step_size, k_sub), inv_mass)
+            n_leaves = n_leaves + acc.n_leaves
+            sum_metro = sum_metro + acc.sum_metro
+            divergent = divergent | acc.divergent
+            traj, persist = _extend(traj, edge, acc, sub, forward, k_accept, inv_mass, uturn_criterion)
+            turning = jnp.where(sub.valid, ~persist, ~acc.divergent)
+            depth = depth + sub.valid
+            if ~sub.valid | ~persist | (depth == max_tree_depth):
+                # The transition is over: record it (after warm-up), adapt the
+                # step size (during warm-up), start the next one.
+                x, logp, g = traj.prop_x, traj.prop_logp, traj.prop_g
+                accept = sum_metro / jnp.maximum(n_leaves, 1)
+                stats = NUTSInfo(accept, divergent, turning, depth + ~sub.valid, n_leaves * leapfrogs_per_leaf, H0)
+                draws = _record(draws, i - num_warmup, x, logp, stats)
+                adapt = _adapt(adapt, i, accept, num_warmup, target_accept)
+                i = i + 1
+                key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[i % (num_warmup + num_samples)],
+                                                          inv_mass)
+                depth = 0
+                n_leaves = 0
+                sum_metro = jnp.zeros((), x.dtype)
+                divergent = False
+                if i == num_warmup + num_samples:
                     break
-                depth += 1
-                traj, persist = _extend(traj, sub, forward, k_accept, inv_mass, uturn_criterion)
-                if not persist:
-                    turning = True
-                    break
-            x, logp, g = traj.prop_x, traj.prop_logp, traj.prop_g
-            positions = positions.at[i].set(x)
-            logps = logps.at[i].set(logp)
-            acceptance = acceptance.at[i].set(sum_metro / jnp.maximum(n_leaves, 1))
-            energies = energies.at[i].set(H0)
-            divergences = divergences.at[i].set(divergent)
-            turnings = turnings.at[i].set(turning)
-            depths = depths.at[i].set(depth)
-            grads = grads.at[i].set(n_leaves * leapfrogs_per_leaf)
-        return NUTSOutput(positions, logps, NUTSInfo(acceptance, divergences, turnings, depths, grads, energies))
+        return NUTSOutput(draws.position, draws.logdensity, draws.info, adapt.step_size)
 
     return run_chains
 
@@ -291,51 +413,91 @@ class GradientLast:
         return f"GradientLast(leaf=b{self.leaf})"
 
 
+class GradientQuorum:
+    """The default NUTS scheduler: run the leaf block (the gradient
+    evaluations) once at least `quorum` of the running chains wait there, or
+    when nothing else is ready; otherwise the other block with the most
+    chains waiting, weighted by how many steps it has waited (so none
+    starves). Waiting for every chain (`GradientLast`) makes each gradient
+    step wait for the one chain that unwinds the deepest recursion; a quorum
+    lets that chain catch up at the next gradient step instead, for about
+    half the machine steps per gradient at the same utilization."""
+
+    name = "gradient_quorum"
+
+    def __init__(self, leaf: int, quorum: float = 0.5):
+        if not 0.0 < quorum <= 1.0:
+            raise ValueError(f"quorum must be in (0, 1], got {quorum}")
+        self.leaf, self.quorum = int(leaf), float(quorum)
+
+    def init(self, num_blocks: int, num_lanes: int) -> Any:
+        return jnp.zeros((num_blocks,), jnp.int32)  # steps each block has waited with lanes ready
+
+    def choose(self, age: Any, frontier: Any) -> tuple[jax.Array, Any]:
+        counts = frontier.counts
+        others = (counts > 0) & (jnp.arange(counts.shape[0]) != self.leaf)
+        score = jnp.where(others, counts * (1 + age), -1)
+        other = jnp.argmax(score).astype(jnp.int32)
+        leaf = (counts[self.leaf] >= self.quorum * jnp.sum(counts)) | ~jnp.any(others)
+        block = jnp.where(leaf, jnp.int32(self.leaf), other)
+        age = jnp.where(counts > 0, age + 1, 0).at[block].set(0)
+        return block, age
+
+    def __repr__(self) -> str:
+        return f"GradientQuorum(leaf=b{self.leaf}, quorum={self.quorum})"
+
+
 def leaf_block(prog: Any) -> int:
-    """Index of the leaf block (the one calling `_leaf`) in a lowered program."""
+    """Index of the leaf block (the one calling `_pair`: every gradient) in a lowered program."""
     import inspect
     src, start = inspect.getsourcelines(_make_program)
-    line = start + next(i for i, text in enumerate(src) if "return _leaf(" in text)
-    found = [i for i, b in enumerate(prog.blocks) if b.loc is not None and b.loc.lineno == line]
+    line = start + next(i for i, text in enumerate(src) if "= _pair(" in text)
+    found = [i for i, b in enumerate(prog.blocks)
+             if any(getattr(op, "loc", None) is not None and op.loc.lineno == line for op in b.ops)]
     if len(found) != 1:
         raise RuntimeError(f"pcbatch.mcmc.nuts: cannot find the leaf block (line {line}): {found}")
     return found[0]
 
 
 @functools.lru_cache(maxsize=64)
-def _cached(logdensity_fn, num_samples, max_tree_depth, leapfrogs_per_leaf, max_delta_energy,
-            uturn_criterion, step_axis, mass_axis, schedule):
-    run_chains = _make_program(logdensity_fn, num_samples, max_tree_depth, leapfrogs_per_leaf,
-                               max_delta_energy, uturn_criterion)
-    # Frames: run_chains, then build_tree at depths max_tree_depth-1 .. 0.
-    in_axes = (0, 0, step_axis, mass_axis)
+def _cached(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_depth, leapfrogs_per_leaf,
+            max_delta_energy, uturn_criterion, step_axis, mass_axis, schedule):
+    run_chains = _make_program(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_depth,
+                               leapfrogs_per_leaf, max_delta_energy, uturn_criterion)
+    # Frames: run_chains, then build_tree for the doubling and its nested subtrees.
+    in_axes = (0, 0, 0, step_axis, mass_axis)
     prog = pcbatch.autobatch(run_chains, in_axes=in_axes, max_stack_depth=max_tree_depth + 2)
-    if schedule == "gradient_last":
+    if schedule in ("gradient_quorum", "gradient_last"):
         # Block numbers come from lowering alone (types do not renumber them).
         from pcbatch.lower import lower
         leaf = leaf_block(lower(prog.ir(), tuple(a is None for a in in_axes)))
-        prog = prog.with_schedule(GradientLast(leaf))
+        prog = prog.with_schedule(GradientQuorum(leaf) if schedule == "gradient_quorum" else GradientLast(leaf))
     elif schedule != "earliest":
         prog = prog.with_schedule(schedule)
     return prog
 
 
-def sampler(logdensity_fn: Callable, *, num_samples: int, max_tree_depth: int = 10,
-            leapfrogs_per_leaf: int = 1, max_delta_energy: float = 1000.0,
+def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, target_accept: float = 0.8,
+            max_tree_depth: int = 10, leapfrogs_per_leaf: int = 1, max_delta_energy: float = 1000.0,
             uturn_criterion: str = "stan", per_chain_step_size: bool = False,
-            per_chain_mass: bool = False, schedule: Any = "gradient_last") -> pcbatch.Autobatched:
-    """The autobatched program `run_chains(positions, keys, step_size, inverse_mass_matrix)`.
+            per_chain_mass: bool = False, schedule: Any = "gradient_quorum") -> pcbatch.Autobatched:
+    """The autobatched program `run_chains(positions, keys, noise, step_size, inverse_mass_matrix)`
+    (arguments as `prepare` makes them; options as `sample`'s).
 
-    Batched over chains (axis 0 of positions and keys; of step_size and the
-    inverse mass matrix too when `per_chain_*`). Cached per arguments, so
-    calling `sample` twice with the same `logdensity_fn` compiles once."""
+    Batched over chains (axis 0 of positions, keys and noise; of step_size
+    and the inverse mass matrix too when `per_chain_*`). Cached per
+    arguments, so calling `sample` twice with the same `logdensity_fn`
+    compiles once. `.reference(*args)` runs the same Python chain by chain."""
     if uturn_criterion not in ("stan", "numpyro"):
         raise ValueError(f"uturn_criterion must be 'stan' or 'numpyro', got {uturn_criterion!r}")
-    if num_samples < 1 or max_tree_depth < 1 or leapfrogs_per_leaf < 1:
-        raise ValueError("num_samples, max_tree_depth and leapfrogs_per_leaf must be at least 1")
-    return _cached(logdensity_fn, int(num_samples), int(max_tree_depth), int(leapfrogs_per_leaf),
-                   float(max_delta_energy), uturn_criterion, 0 if per_chain_step_size else None,
-                   0 if per_chain_mass else None, schedule)
+    if num_samples < 1 or max_tree_depth < 1 or leapfrogs_per_leaf < 1 or num_warmup < 0:
+        raise ValueError("num_samples, max_tree_depth and leapfrogs_per_leaf must be at least 1, "
+                         "num_warmup at least 0")
+    if not 0.0 < target_accept < 1.0:
+        raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
+    return _cached(logdensity_fn, int(num_samples), int(num_warmup), float(target_accept), int(max_tree_depth),
+                   int(leapfrogs_per_leaf), float(max_delta_energy), uturn_criterion,
+                   0 if per_chain_step_size else None, 0 if per_chain_mass else None, schedule)
 
 
 def _raw_keys(keys: Any) -> jax.Array:
@@ -348,13 +510,28 @@ def _raw_keys(keys: Any) -> jax.Array:
     return keys
 
 
-def prepare(initial_positions, keys, step_size, inverse_mass_matrix):
-    """Normalize `sample`'s arguments: `(args, per_chain_step_size, per_chain_mass)`."""
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _split_keys(keys: jax.Array, num_transitions: int, dim: int) -> tuple[jax.Array, jax.Array]:
+    """Each chain's key -> (the tree's key, the standard normal noise of its
+    momenta, one row per transition). Drawn before the loop: inside it, a
+    normal draw for the few chains starting a transition would cost every lane."""
+    def one(key):
+        k_tree, k_noise = jax.random.split(key)
+        return k_tree, jax.random.normal(k_noise, (num_transitions, dim))
+    return jax.vmap(one)(keys)
+
+
+def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matrix: Any,
+            num_transitions: int) -> tuple[tuple, bool, bool]:
+    """`sample`'s arguments as the program's (`sampler`), for `num_transitions`
+    = warm-up + samples: `(args, per_chain_step_size, per_chain_mass)`."""
     x = jnp.asarray(initial_positions)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.float32)
     if x.ndim != 2:
         raise ValueError(f"initial_positions must be [chains, dim], got shape {x.shape}")
+    if x.dtype != jnp.float32:
+        raise ValueError(f"pcbatch.mcmc.nuts runs in float32; got initial_positions of dtype {x.dtype}")
     chains, dim = x.shape
     keys = _raw_keys(keys)
     if keys.shape[0] != chains:
@@ -365,25 +542,32 @@ def prepare(initial_positions, keys, step_size, inverse_mass_matrix):
         raise ValueError(f"step_size must be a scalar or [chains], got shape {step.shape}")
     if mass.shape not in ((dim,), (chains, dim)):
         raise ValueError(f"inverse_mass_matrix must be diagonal: [dim] or [chains, dim], got {mass.shape}")
-    return (x, keys, step, mass), step.ndim == 1, mass.ndim == 2
+    tree_keys, noise = _split_keys(keys, int(num_transitions), dim)
+    return (x, tree_keys, noise, step, mass), step.ndim == 1, mass.ndim == 2
 
 
 def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_size: Any,
-           inverse_mass_matrix: Any = None, num_samples: int, max_tree_depth: int = 10,
-           leapfrogs_per_leaf: int = 1, max_delta_energy: float = 1000.0,
-           uturn_criterion: str = "stan", schedule: Any = "gradient_last") -> NUTSOutput:
-    """Run `num_samples` NUTS transitions on each chain, all chains in ONE
-    autobatched program.
+           inverse_mass_matrix: Any = None, num_samples: int, num_warmup: int = 0,
+           target_accept: float = 0.8, max_tree_depth: int = 10, leapfrogs_per_leaf: int = 1,
+           max_delta_energy: float = 1000.0, uturn_criterion: str = "stan",
+           schedule: Any = "gradient_quorum") -> NUTSOutput:
+    """Run `num_warmup + num_samples` NUTS transitions on each chain, all
+    chains in ONE autobatched program (chains never wait for each other at
+    transition boundaries, only at gradient steps).
 
     Args:
       logdensity_fn: `x[dim] -> scalar` log density (up to a constant), JAX-traceable.
         Data it needs can be captured by closure. Use the same function object
         across calls to reuse the compiled program.
-      initial_positions: `[chains, dim]`.
+      initial_positions: `[chains, dim]` float32.
       keys: `[chains, 2]` uint32 (`jax.random.split(key, chains)`) or typed keys.
-      step_size: scalar, or `[chains]` for per-chain step sizes.
+      step_size: scalar, or `[chains]`; with `num_warmup`, the starting point of adaptation.
       inverse_mass_matrix: diagonal, `[dim]` or `[chains, dim]`; default identity.
-      num_samples: transitions per chain (static).
+      num_samples: transitions per chain recorded (static).
+      num_warmup: transitions before those, during which each chain adapts its
+        own step size by dual averaging (Stan's/BlackJAX's: Hoffman & Gelman
+        2014, Algorithm 5, towards `target_accept` mean acceptance
+        statistic); the averaged step size is used from then on. Not recorded.
       max_tree_depth: at most `2**max_tree_depth` leaves per trajectory.
       leapfrogs_per_leaf: leapfrog steps per tree leaf (Radul et al. use 4).
       max_delta_energy: an energy error above this is a divergence (Stan: 1000).
@@ -391,18 +575,21 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
         merged (sub)tree plus Stan's two extra checks across the seam of the
         merge. "numpyro": NumPyro's and BlackJAX's (one check per merge, the
         end points' momenta counted half), for like-for-like comparisons.
-      schedule: "gradient_last" (default, `GradientLast`: gradient steps wait
-        until every running chain is at one), "earliest" (pcbatch's default),
-        or any pcbatch scheduler object. Results do not depend on it.
+      schedule: "gradient_quorum" (default, `GradientQuorum`), "gradient_last"
+        (`GradientLast`: every gradient step waits for every running chain),
+        "earliest" (pcbatch's default), or any pcbatch scheduler object.
+        Results do not depend on it.
 
     Returns:
       `NUTSOutput(position [chains, num_samples, dim], logdensity [chains, num_samples],
-      info: NUTSInfo)`; `info.num_integration_steps` counts gradient evaluations
-      per transition (the initial gradient is not counted).
+      info: NUTSInfo, step_size [chains])`; `info.num_integration_steps` counts
+      gradient evaluations per transition (the initial gradient is not
+      counted). `out.summary()` gives R-hat and ESS per coordinate.
     """
-    args, per_step, per_mass = prepare(initial_positions, keys, step_size, inverse_mass_matrix)
-    prog = sampler(logdensity_fn, num_samples=num_samples, max_tree_depth=max_tree_depth,
-                   leapfrogs_per_leaf=leapfrogs_per_leaf, max_delta_energy=max_delta_energy,
-                   uturn_criterion=uturn_criterion, per_chain_step_size=per_step,
-                   per_chain_mass=per_mass, schedule=schedule)
+    args, per_step, per_mass = prepare(initial_positions, keys, step_size, inverse_mass_matrix,
+                                       num_warmup + num_samples)
+    prog = sampler(logdensity_fn, num_samples=num_samples, num_warmup=num_warmup, target_accept=target_accept,
+                   max_tree_depth=max_tree_depth, leapfrogs_per_leaf=leapfrogs_per_leaf,
+                   max_delta_energy=max_delta_energy, uturn_criterion=uturn_criterion,
+                   per_chain_step_size=per_step, per_chain_mass=per_mass, schedule=schedule)
     return prog(*args)

@@ -3,8 +3,12 @@
 State: per lane, a program counter and a pc stack; per register, one slot per
 lane; per (shared) stack of saved variables, a `[max_stack_depth, lanes, ...]`
 array and a stack pointer per lane. Each step a scheduler picks ONE block (an
-unbatched index); `lax.switch` runs only that block, for all lanes, and masks
-the update to the lanes waiting at it.
+unbatched index); only that block runs, for all lanes, and the update is
+masked to the lanes waiting at it. Blocks on small state share one
+`lax.switch`; a block that touches a large register or stack frame runs in
+place under a `lax.cond` of its own (a switch would copy every large register
+every step), and `buf.at[i].set(v)` on a large register takes the mask into
+the update (`inplace.py`) instead of selecting the whole buffer.
 
 Here lane i runs example i. Programs with forks run on the lane pool of
 `pool.py` instead, where extra lanes run calls on behalf of an example.
@@ -14,11 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from pcbatch.fsm.base import Frontier, Scheduler, bind
+from pcbatch.runtime.inplace import masked_update
 from pcbatch.ir.core import (
     CONSTANT,
     INVARIANT,
@@ -36,10 +43,22 @@ from pcbatch.ir.core import (
     Return,
     StackProgram,
     Update,
+    op_reads,
+    term_reads,
 )
 
 tree_map = jax.tree_util.tree_map
 PC = "<pc>"  # the program-counter stack, handled like a variable's stack
+# A register or stack frame this large (bytes, all lanes together) is never
+# passed through the lax.switch: XLA copies every switch operand a branch
+# returns unchanged, so each step would copy it (twice). The blocks that touch
+# it run in place, each under a lax.cond (which costs a little per step).
+LARGE_REGISTER_BYTES = 16384
+# With more small register leaves than this, every block runs in place: the
+# switch's per-leaf copies (a kernel each) then cost more than a lax.cond per
+# block. Below it (e.g. fib, collatz) XLA runs the switch loop natively, a few
+# ns per step.
+SWITCH_MAX_LEAVES = 8
 
 
 class Status(NamedTuple):
@@ -96,12 +115,14 @@ def run_prim(op: Prim, read, types: Any, lanes: int) -> dict[str, Any]:
 
 
 def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, types: Any,
-                   lanes: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+                   lanes: int | None, prims: dict[int, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The values a block's ops compute, on a batch of lanes: `env` (every
     variable an op assigns) and, per stack, the value its Push/Update writes.
     `read(v)` gives `(value, batched)` of a variable not assigned earlier in
     the block, `top(s)` the top of stack `s` (a block reads a stack at most
-    once, before it writes it), `join(op)` a Join's values by out. Both
+    once, before it writes it), `join(op)` a Join's values by out.
+    `prims[k](op, get)`, where given, computes the k-th op instead of
+    `run_prim` (the same values in the lanes that run the block). Both
     machines run blocks with it, and gradients (`grad.py`) differentiate it."""
     env: dict[str, Any] = {}
     pushed: dict[str, Any] = {}
@@ -109,8 +130,11 @@ def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, type
     def get(v: str) -> tuple[Any, bool]:
         return (env[v], True) if v in env else read(v)
 
-    for op in block.ops:
-        if isinstance(op, Prim):
+    prims = prims or {}
+    for k, op in enumerate(block.ops):
+        if k in prims:
+            env.update(prims[k](op, get))
+        elif isinstance(op, Prim):
             env.update(run_prim(op, get, types, lanes))
         elif isinstance(op, (Push, Update)):
             pushed[stack_of[op.var]] = get(op.var)[0]
@@ -137,6 +161,35 @@ def stack_offsets(block: Block, stack_of: dict[str, str]) -> dict[str, tuple[int
             d += 1 if isinstance(op, Push) else -1 if isinstance(op, Pop) else 0
             out[s] = (r, w, d)
     return out
+
+
+def _masked_plan(block: Block, types: Any, large: set[str]) -> tuple[dict[int, Any], set[str]]:
+    """The ops of `block` that update a large register under the lane mask
+    themselves (`inplace.py`), by index, and the registers whose value at the
+    end of the block is then already right in the lanes that do not run it
+    (no whole-buffer select needed). An op qualifies only while its register
+    still holds the lane's old value (not yet overwritten unmasked)."""
+    masked, clean, assigned = {}, set(), set()
+    for k, op in enumerate(block.ops):
+        fn = masked_update(op, types, large) if isinstance(op, Prim) and large.intersection(op.outs) else None
+        if fn is not None and all(v not in assigned or v in clean for v in op.outs if v in op.ins):
+            masked[k] = fn
+            clean.update(v for v in op.outs if v in large and v in op.ins)
+        elif isinstance(op, Prim):
+            clean.difference_update(op.outs)
+        elif isinstance(op, (Pop, Peek)):
+            clean.discard(op.var)
+        if isinstance(op, Prim):
+            assigned.update(op.outs)
+        elif isinstance(op, (Pop, Peek)):
+            assigned.add(op.var)
+    return masked, clean
+
+
+def _masked_prim(fn: Any, active: jax.Array, types: Any, op: Prim, get: Any) -> dict[str, Any]:
+    vals, batched = zip(*(get(v) for v in op.ins))
+    outs = jax.vmap(fn, in_axes=(0,) + tuple(0 if x else None for x in batched))(active, *vals)
+    return {v: _cast(x, types[v], None) for v, x in zip(op.outs, outs)}
 
 
 def _no_observer(state: Any, block: jax.Array) -> jax.Array:
@@ -243,6 +296,27 @@ class Machine:
         self.stack_of, self.stacks = self.layout.stack_of, self.layout.stacks
         self.stack_writers = {**self.layout.writers,
                               PC: [b for b, blk in enumerate(prog.blocks) if isinstance(blk.term, PushJump)]}
+        # Blocks that touch a large register or stack frame run in place, each
+        # under a lax.cond of its own; the rest share one lax.switch over the
+        # small state (see `block_cond`).
+        def nbytes(t: Any) -> int:
+            return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(t))
+        self.large = large = {v for v in self.stored if nbytes(prog.var_types[v]) * num_lanes >= LARGE_REGISTER_BYTES}
+        large_stacks = {st for st, t in self.stacks.items() if nbytes(t) * num_lanes >= LARGE_REGISTER_BYTES}
+        self.small = [v for v in self.stored if v not in large]
+        small_leaves = sum(len(jax.tree_util.tree_leaves(prog.var_types[v])) for v in self.small)
+        self.heavy = set()
+        for b in range(prog.num_blocks):
+            regs, _, popped, pushed = self._footprint(b)
+            if (small_leaves > SWITCH_MAX_LEAVES or large.intersection(regs)
+                    or large_stacks.intersection(popped + pushed)):
+                self.heavy.add(b)
+        light = [b for b in range(prog.num_blocks) if b not in self.heavy]
+        self.light_writers = {st: [b for b in ws if b in light] for st, ws in self.stack_writers.items()}
+        self.light_writers = {st: ws for st, ws in self.light_writers.items() if ws}
+        self.light_popped = sorted({st for b in light for st in self._footprint(b)[2]}
+                                   | ({PC} if any(isinstance(self.prog.blocks[b].term, Return) and prog.has_calls
+                                                  for b in light) else set()))
 
     # --- state -----------------------------------------------------------
 
@@ -285,6 +359,7 @@ class Machine:
     def block_fn(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
         prog, block, types = self.prog, self.prog.blocks[b], self.prog.var_types
         L, D, lane_ids = self.lanes, self.depth, self.lane_ids
+        masked_ops, clean = _masked_plan(block, types, self.large)
 
         def run(lane_state: dict[str, Any], stacks: dict[str, Any]):
             lane_state = dict(lane_state)
@@ -303,8 +378,10 @@ class Machine:
                     return inv[v], True  # lane i runs example i
                 return regs[v], True
 
+            # Ops that update a large register under the lane mask themselves.
+            prims = {k: functools.partial(_masked_prim, fn, active, types) for k, fn in masked_ops.items()}
             # `stacks` holds the tops, gathered before the switch.
-            env, pushed = block_dataflow(block, self.stack_of, load, stacks.__getitem__, None, types, L)
+            env, pushed = block_dataflow(block, self.stack_of, load, stacks.__getitem__, None, types, L, prims)
 
             def read(v: str) -> tuple[Any, bool]:
                 return (env[v], True) if v in env else load(v)
@@ -315,7 +392,7 @@ class Machine:
                 sps[s] = sps[s] + d * active
             for v, x in env.items():
                 if v in regs:
-                    regs[v] = _select(active, x, regs[v])
+                    regs[v] = x if v in clean else _select(active, x, regs[v])
 
             pc, term = lane_state["pc"], block.term
             if isinstance(term, Jump):
@@ -342,16 +419,105 @@ class Machine:
 
         return run
 
+    # --- one block, in place ------------------------------------------------
+    #
+    # The alternative to the switch: one `lax.cond(block == b)` per block,
+    # chained. Each takes and returns only what its block writes (and reads
+    # what it needs), so XLA updates registers and stacks in place and a
+    # register no block writes this step costs nothing. A switch must return
+    # every register from every branch, and XLA copies each one a branch
+    # passes through (twice: in the branch and in the loop body).
+
+    def _footprint(self, b: int) -> tuple[list[str], list[str], list[str], list[str]]:
+        """Block b's registers read, registers written, stacks popped/peeked
+        and stacks pushed/updated (stored registers and stack names)."""
+        block, stored = self.prog.blocks[b], set(self.stored)
+        reads, writes, popped, pushed = set(), set(), set(), set()
+        for op in block.ops:
+            reads.update(v for v in op_reads(op) if v in stored)
+            if isinstance(op, (Pop, Peek)):
+                popped.add(self.stack_of[op.var])
+            elif isinstance(op, (Push, Update)):
+                pushed.add(self.stack_of[op.var])
+            if isinstance(op, Prim):
+                writes.update(v for v in op.outs if v in stored)
+            elif isinstance(op, (Pop, Peek)) and op.var in stored:
+                writes.add(op.var)
+        reads.update(v for v in term_reads(block.term) if v in stored)
+        return sorted(reads | writes), sorted(writes), sorted(popped), sorted(pushed)
+
+    def block_cond(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
+        """`state -> state`: block b run in place when it is the chosen block."""
+        run, lanes = self.block_fn(b, consts, inv), self.lane_ids
+        regs_in, regs_out, popped, pushed = self._footprint(b)
+        term = self.prog.blocks[b].term
+        stacks_in = sorted(set(popped) | set(pushed))
+        pc_read = isinstance(term, Return) and self.prog.has_calls
+        pc_write = isinstance(term, PushJump)
+
+        def true_fn(sub):
+            stacks = dict(sub["stacks"])
+            sps = {**sub["sps"], **({PC: sub["pc_sp"]} if pc_read else {})}
+            if pc_read:
+                stacks[PC] = sub["pc_stack"]
+            tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s])
+                    for s in (*popped, *((PC,) if pc_read else ()))}
+            lane_state = {"pc": sub["pc"], "regs": sub["regs"], "sps": sub["sps"]}
+            if "pc_sp" in sub:
+                lane_state["pc_sp"] = sub["pc_sp"]
+            lane_state, writes = run(lane_state, tops)
+            out = {"pc": lane_state["pc"], "regs": {v: lane_state["regs"][v] for v in regs_out},
+                   "sps": {s: lane_state["sps"][s] for s in sub["sps"]}, "stacks": {}}
+            for s in pushed:
+                row, value = writes[s]
+                out["stacks"][s] = tree_map(lambda a, y: a.at[row, lanes].set(y, mode="drop"),
+                                            sub["stacks"][s], value)
+            if "pc_sp" in sub:
+                out["pc_sp"] = lane_state["pc_sp"]
+            if pc_write:
+                row, value = writes[PC]
+                out["pc_stack"] = sub["pc_stack"].at[row, lanes].set(value, mode="drop")
+            return out
+
+        def false_fn(sub):
+            out = {"pc": sub["pc"], "regs": {v: sub["regs"][v] for v in regs_out}, "sps": sub["sps"],
+                   "stacks": {s: sub["stacks"][s] for s in pushed}}
+            for k in ("pc_sp", *(("pc_stack",) if pc_write else ())):
+                if k in sub:
+                    out[k] = sub[k]
+            return out
+
+        def step(block: jax.Array, state: dict[str, Any]) -> dict[str, Any]:
+            sub = {"pc": state["pc"], "regs": {v: state["regs"][v] for v in regs_in},
+                   "sps": {s: state["sps"][s] for s in stacks_in},
+                   "stacks": {s: state["stacks"][s] for s in stacks_in}}
+            if pc_read or pc_write:
+                sub["pc_sp"] = state["pc_sp"]
+                sub["pc_stack"] = state["pc_stack"]
+            out = lax.cond(block == b, true_fn, false_fn, sub)
+            new = {**state, "pc": out["pc"], "regs": {**state["regs"], **out["regs"]},
+                   "sps": {**state["sps"], **out["sps"]}, "stacks": {**state["stacks"], **out["stacks"]}}
+            for k in ("pc_sp", "pc_stack"):
+                if k in out:
+                    new[k] = out[k]
+            return new
+
+        return step
+
     # --- the loop --------------------------------------------------------
 
     def run(self, consts: dict[str, Any], inv: dict[str, Any], batched_inputs: dict[str, Any],
             workspace: dict[str, Any], active: jax.Array | None = None, recorder: Any = None) -> tuple[Any, ...]:
         """`(result, status, workspace)`, and the tape last when a `recorder`
         (gradients, `grad.py`) is given."""
-        branches = [self.block_fn(b, consts, inv) for b in range(self.prog.num_blocks)]
-
+        light = [b for b in range(self.prog.num_blocks) if b not in self.heavy]
+        branches = [self._light_branch(b, consts, inv) for b in light]
+        if self.heavy:  # the switch's branch when a heavy block was chosen: nothing
+            branches.append(self._noop_branch())
+            slot = jnp.asarray([light.index(b) if b in light else len(light)
+                                for b in range(self.prog.num_blocks)] + [len(light)], jnp.int32)
+        in_place = [self.block_cond(b, consts, inv) for b in sorted(self.heavy)]
         halt, max_steps, lanes = self.halt, self.max_steps, self.lane_ids
-        in_switch = ("pc", "regs", "sps", "pc_sp")
 
         def cond(state):
             running = jnp.any(state["pc"] < halt)
@@ -362,35 +528,61 @@ class Machine:
             counts = jnp.zeros((halt,), jnp.int32).at[pc].add(1, mode="drop")
             block, sched = self.scheduler.choose(state["sched"], Frontier(pc, counts, state["depth"]))
             block = observe(state, block)
-            stacks = dict(state["stacks"])
-            if self.prog.has_calls:
-                stacks[PC] = state["pc_stack"]
-            lane_state = {k: state[k] for k in in_switch if k in state}
-            # Only the tops go into the switch: a whole stack there would be copied
-            # every step (XLA cannot tell the branch's read precedes the scatter below).
-            sps = {**lane_state["sps"], **({PC: lane_state["pc_sp"]} if PC in stacks else {})}
-            tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s]) for s in stacks}
-            lane_state, writes = lax.switch(block, branches, lane_state, tops)
-            for v, (row, value) in writes.items():
-                # Under a cond on the blocks that push: XLA then updates in place
-                # (unconditionally, it copies the stack every step).
-                stacks[v] = lax.cond(block_in(block, self.stack_writers[v]),
-                                     lambda a, r, x: tree_map(lambda s, y: s.at[r, lanes].set(y, mode="drop"), a, x),
-                                     lambda a, r, x: a, stacks[v], row, value)
-            new = {**state, **lane_state, "sched": sched, "steps": state["steps"] + 1,
-                   "depth": state["depth"] + (pc == block)}
-            if self.prog.has_calls:
-                new["pc_stack"] = stacks.pop(PC)
-            new["stacks"] = stacks
+            if light:
+                state = self._switch_step(slot[block] if self.heavy else block, block, branches, state)
+            for run_in_place in in_place:
+                state = run_in_place(block, state)
+            new = {**state, "sched": sched, "steps": state["steps"] + 1, "depth": state["depth"] + (pc == block)}
             return new, {"block": block}
 
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)
         result = final["regs"][self.prog.result]
         pc = final["pc"]
-        status = Status(pc == self.overflowed, pc < halt, pc, final["steps"], final["depth"],
+        status = Status(pc == self.overflowed, pc < self.halt, pc, final["steps"], final["depth"],
                         jnp.asarray(self.lanes, jnp.int32))
         out = result, status, {"stacks": final["stacks"], "pc_stack": final.get("pc_stack", workspace["pc_stack"])}
         return out if recorder is None else (*out, tape)
+
+    def _switch_step(self, index: jax.Array, block: jax.Array, branches: list, state: dict[str, Any]) -> dict[str, Any]:
+        """The light blocks: one `lax.switch` (branch `index`) over the small state."""
+        lanes = self.lane_ids
+        stacks = dict(state["stacks"])
+        if self.prog.has_calls:
+            stacks[PC] = state["pc_stack"]
+        lane_state = {"pc": state["pc"], "regs": {v: state["regs"][v] for v in self.small},
+                      "sps": state["sps"], **({"pc_sp": state["pc_sp"]} if "pc_sp" in state else {})}
+        # Only the tops go into the switch: a whole stack there would be copied
+        # every step (XLA cannot tell the branch's read precedes the scatter below).
+        sps = {**lane_state["sps"], **({PC: lane_state["pc_sp"]} if PC in stacks else {})}
+        tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s]) for s in self.light_popped}
+        lane_state, writes = lax.switch(index, branches, lane_state, tops)
+        for v, (row, value) in writes.items():
+            # Under a cond on the blocks that push: XLA then updates in place
+            # (unconditionally, it copies the stack every step).
+            stacks[v] = lax.cond(block_in(block, self.light_writers[v]),
+                                 lambda a, r, x: tree_map(lambda s, y: s.at[r, lanes].set(y, mode="drop"), a, x),
+                                 lambda a, r, x: a, stacks[v], row, value)
+        new = {**state, **lane_state, "regs": {**state["regs"], **lane_state["regs"]}}
+        if self.prog.has_calls:
+            new["pc_stack"] = stacks.pop(PC)
+        new["stacks"] = stacks
+        return new
+
+    def _light_branch(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
+        run = self.block_fn(b, consts, inv)
+
+        def branch(lane_state, tops):
+            lane_state, writes = run(lane_state, tops)
+            return lane_state, {s: writes[s] for s in self.light_writers}
+        return branch
+
+    def _noop_branch(self):
+        no_write = jnp.full((self.lanes,), self.depth, jnp.int32)
+        types = {**self.stacks, PC: jax.ShapeDtypeStruct((), jnp.int32)}
+
+        def branch(lane_state, tops):
+            return lane_state, {s: (no_write, _zeros(types[s], (self.lanes,))) for s in self.light_writers}
+        return branch
 
 
 def _machine_for(prog: StackProgram, num_lanes: int, config: MachineConfig):

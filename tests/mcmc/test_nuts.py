@@ -5,9 +5,14 @@
   counts, tree depths and divergence flags exactly, samples to float tolerance.
   The configurations are chosen so that the interesting paths are taken
   (U-turns, max depth, divergences, several leapfrogs per leaf, per-chain
-  step sizes) and the tests check that they were.
-* Statistical: means and variances of a correlated Gaussian within Monte
-  Carlo error; trajectory lengths match BlackJAX's NUTS (when installed).
+  step sizes and masses, both U-turn criteria, warm-up) and the tests check
+  that they were. Schedulers change the order of work, never the result.
+* Statistical: on the 100-d correlated Gaussian, means and variances agree
+  with the truth within Monte Carlo error (ESS-based standard errors), and the
+  distribution of trajectory lengths matches BlackJAX's NUTS at the same step
+  size and mass matrix (two-sample tests).
+* Step-size adaptation: dual averaging equals BlackJAX's on the same
+  acceptance statistics, and reaches the target acceptance from either side.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import numpy as np
 import pytest
 
 import pcbatch
-from pcbatch.mcmc import diagnostics, nuts
+from pcbatch.mcmc import diagnostics, nuts, targets
 
 
 def _gaussian(cov):
@@ -39,67 +44,40 @@ def _ar_cov(scales, rho):
 
 COV2 = _ar_cov([1.0, 2.0], 0.9)
 COV3 = _ar_cov([1.0, 0.3, 2.0], 0.5)
+COV4 = _ar_cov([1.0, 3.0, 0.5, 1.5], 0.9)
 COV5 = _ar_cov([1.0, 0.5, 2.0, 1.0, 0.25], 0.7)
-LOGP2, LOGP3, LOGP5 = _gaussian(COV2), _gaussian(COV3), _gaussian(COV5)
+LOGP2, LOGP3, LOGP4, LOGP5 = _gaussian(COV2), _gaussian(COV3), _gaussian(COV4), _gaussian(COV5)
 
 
 def _run_both(logdensity, x0, keys, step_size, inv_mass, **options):
-    args, per_step, per_mass = nuts.prepare(x0, keys, step_size, inv_mass)
+    args, per_step, per_mass = nuts.prepare(x0, keys, step_size, inv_mass,
+                                            options["num_samples"] + options.get("num_warmup", 0))
     prog = nuts.sampler(logdensity, per_chain_step_size=per_step, per_chain_mass=per_mass, **options)
     out, status = prog.checked(*args)
     assert not np.any(np.asarray(status.overflow)) and not np.any(np.asarray(status.unfinished))
-    ref = prog.reference(*args)
-    return out, ref, status
+    return out, prog.reference(*args), args
 
 
-def _assert_same(out, ref):
+def _assert_same(out, ref, rtol=1e-4):
+    """Integer statistics exactly; floats to `rtol` (the machine's fused XLA
+    code and the op-by-op reference may round differently, and a trajectory
+    amplifies that)."""
     for name in ("num_integration_steps", "num_trajectory_expansions", "is_divergent", "is_turning"):
         np.testing.assert_array_equal(np.asarray(getattr(out.info, name)),
                                       np.asarray(getattr(ref.info, name)), err_msg=name)
-    np.testing.assert_allclose(np.asarray(out.position), np.asarray(ref.position), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(np.asarray(out.logdensity), np.asarray(ref.logdensity), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(np.asarray(out.info.acceptance_rate), np.asarray(ref.info.acceptance_rate),
-                               rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(out.info.energy), np.asarray(ref.info.energy), rtol=1e-4, atol=1e-4)
+    for a, b, atol in ((out.position, ref.position, 1e-4), (out.logdensity, ref.logdensity, 1e-4),
+                       (out.info.acceptance_rate, ref.info.acceptance_rate, 1e-5),
+                       (out.info.energy, ref.info.energy, 1e-4), (out.step_size, ref.step_size, 1e-6)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol * rtol / 1e-4)
 
 
 def _keys(seed, chains):
     return jax.random.split(jax.random.PRNGKey(seed), chains)
 
 
-def test_differential_2d_uturns():
-    chains = 6
-    x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
-    out, ref, status = _run_both(LOGP2, x0, _keys(0, chains), 0.3, None, num_samples=8, max_tree_depth=6)
-    _assert_same(out, ref)
-    steps = np.asarray(out.info.num_integration_steps)
-    assert out.position.shape == (chains, 8, 2) and steps.shape == (chains, 8)
-    assert np.asarray(out.info.is_turning).all()            # every trajectory stopped on a U-turn
-    assert len(np.unique(steps)) >= 3                        # trajectories of different lengths ...
-    assert len(np.unique(steps.sum(axis=1))) >= 2            # ... so chains desynchronize
-
-
-def test_schedules_agree_and_gradient_last_synchronizes_on_gradients():
-    chains = 6
-    x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
-    args, _, _ = nuts.prepare(x0, _keys(0, chains), 0.3, None)
-    grad_last = nuts.sampler(LOGP2, num_samples=8, max_tree_depth=6)
-    earliest = nuts.sampler(LOGP2, num_samples=8, max_tree_depth=6, schedule="earliest")
-    assert isinstance(grad_last.scheduler, nuts.GradientLast)
-    # the leaf block found from lowering alone is the one in the specialized program
-    assert grad_last.scheduler.leaf == nuts.leaf_block(grad_last.lowered(*args))
-    a, status_a = grad_last.checked(*args)
-    b, status_b = earliest.checked(*args)
-    _assert_same(a, b)
-    # Gradient-last runs a leaf only with every unfinished chain there: the
-    # leaf steps are at most the longest chain's leaves, far fewer than the sum.
-    leaves = np.asarray(a.info.num_integration_steps).sum(axis=1)
-    trace = grad_last.with_schedule(_Counting(grad_last.scheduler))
-    jax.block_until_ready(trace.checked(*args))
-    assert trace.scheduler.counts[grad_last.scheduler.leaf] == leaves.max()
-
-
 class _Counting:
+    """Wraps a scheduler and counts its choices on the host."""
+
     def __init__(self, inner):
         self.inner, self.name, self.counts = inner, "count", {}
 
@@ -115,6 +93,29 @@ class _Counting:
         return block, carry
 
 
+def test_differential_2d_uturns_and_schedules():
+    chains = 6
+    x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
+    out, ref, args = _run_both(LOGP2, x0, _keys(0, chains), 0.3, None, num_samples=8, max_tree_depth=6)
+    _assert_same(out, ref)
+    steps = np.asarray(out.info.num_integration_steps)
+    assert out.position.shape == (chains, 8, 2) and steps.shape == (chains, 8) and out.step_size.shape == (chains,)
+    assert np.asarray(out.info.is_turning).all()            # every trajectory stopped on a U-turn
+    assert len(np.unique(steps)) >= 3                        # trajectories of different lengths ...
+    assert len(np.unique(steps.sum(axis=1))) >= 2            # ... so chains desynchronize
+    # Every scheduler gives the same result; gradient-last runs the leaf block
+    # only with every unfinished chain there, so it runs it as often as the
+    # chain that visits it most (each visit evaluates one or two leaves).
+    quorum = nuts.sampler(LOGP2, num_samples=8, max_tree_depth=6)
+    assert isinstance(quorum.scheduler, nuts.GradientQuorum)
+    assert quorum.scheduler.leaf == nuts.leaf_block(quorum.lowered(*args))
+    last = quorum.with_schedule(_Counting(nuts.GradientLast(quorum.scheduler.leaf)))
+    _assert_same(last(*args), ref)
+    _assert_same(quorum.with_schedule("earliest")(*args), ref)
+    visits = [t.blocks.count(quorum.scheduler.leaf) for t in quorum.trace(*args)]
+    assert last.scheduler.counts[quorum.scheduler.leaf] == max(visits) < sum(visits)
+
+
 def test_differential_5d_leapfrogs_per_leaf_per_chain_step_and_max_depth():
     chains = 4
     x0 = jax.random.normal(jax.random.PRNGKey(2), (chains, 5))
@@ -126,8 +127,10 @@ def test_differential_5d_leapfrogs_per_leaf_per_chain_step_and_max_depth():
     steps = np.asarray(out.info.num_integration_steps)
     assert np.all(steps % 4 == 0)
     depth = np.asarray(out.info.num_trajectory_expansions)
-    assert (depth == 4).any() and (depth < 4).any()           # some hit max_tree_depth, some U-turn
-    assert np.all(steps[depth == 4] == 4 * 15)                # 1 + 2 + 4 + 8 leaves
+    at_limit = ~np.asarray(out.info.is_turning) & ~np.asarray(out.info.is_divergent)
+    assert at_limit.any() and (~at_limit).any()               # some hit max_tree_depth, some U-turn
+    assert np.all(steps[at_limit] == 4 * 15) and np.all(depth[at_limit] == 4)   # 1 + 2 + 4 + 8 leaves
+    assert np.all(depth <= 4)
 
 
 def test_differential_divergences_per_chain_mass():
@@ -143,6 +146,57 @@ def test_differential_divergences_per_chain_mass():
     assert not np.asarray(out.info.is_turning)[div].any()
 
 
+def test_differential_warmup():
+    chains = 3
+    x0 = jax.random.normal(jax.random.PRNGKey(7), (chains, 4))
+    out, ref, _ = _run_both(LOGP4, x0, _keys(8, chains), 1.5, jnp.asarray(np.diag(COV4), jnp.float32),
+                            num_samples=3, num_warmup=5, max_tree_depth=6)
+    # Adapted step sizes differ in the last bits (exp, sqrt), which the
+    # trajectories amplify: floats to 1e-2, trajectory lengths exactly.
+    _assert_same(out, ref, rtol=1e-2)
+    assert out.position.shape == (chains, 3, 4)
+    assert np.all(np.asarray(out.step_size) < 1.5)            # adapted down from a step that is too large
+
+
+def test_dual_averaging_equals_blackjax_and_the_paper():
+    """The iterates equal BlackJAX's; the average follows Hoffman & Gelman's
+    Algorithm 5 and Stan (BlackJAX averages the previous iterate instead)."""
+    step_size = pytest.importorskip("blackjax.adaptation.step_size")
+    init, update, _ = step_size.dual_averaging_adaptation(target=0.8)
+    accepts = np.random.default_rng(0).uniform(0.3, 1.0, 40).astype(np.float32)
+    theirs, ours = init(0.7), nuts._adaptation_start(0.7, jnp.float32)
+    mu, h_avg, log_avg = np.log(7.0), 0.0, 0.0               # the paper's recursion, in float64
+    for i, a in enumerate(accepts):
+        ours = nuts._adapt(ours, jnp.int32(i), a, len(accepts), 0.8)
+        theirs = update(theirs, a)
+        t = i + 1
+        h_avg = (1 - 1 / (t + 10)) * h_avg + (0.8 - float(a)) / (t + 10)
+        log_step = mu - np.sqrt(t) / 0.05 * h_avg
+        log_avg = t ** -0.75 * log_step + (1 - t ** -0.75) * log_avg
+        np.testing.assert_allclose(ours.log_step, theirs.log_step_size, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ours.log_step_avg, log_avg, rtol=1e-4, atol=1e-5)
+        if t < len(accepts):  # the step size the next transition uses
+            np.testing.assert_allclose(ours.step_size, np.exp(log_step), rtol=1e-4)
+    np.testing.assert_allclose(ours.step_size, np.exp(log_avg), rtol=1e-4)  # after warm-up: the average
+    later = nuts._adapt(ours, jnp.int32(len(accepts)), 0.1, len(accepts), 0.8)
+    assert later.step_size == ours.step_size                 # kept after warm-up
+
+
+def test_warmup_reaches_target_acceptance_from_either_side():
+    chains = 8
+    x0 = jnp.asarray(np.random.default_rng(0).standard_normal((chains, 4)) @ np.linalg.cholesky(COV4).T,
+                     jnp.float32)
+    inv_mass = jnp.asarray(np.diag(COV4), jnp.float32)
+    steps = []
+    for init in (0.02, 2.0):
+        out = nuts.sample(LOGP4, x0, _keys(3, chains), step_size=init, inverse_mass_matrix=inv_mass,
+                          num_warmup=200, num_samples=100, target_accept=0.8)
+        accept = np.asarray(out.info.acceptance_rate).mean()
+        assert 0.7 < accept < 0.95, accept   # dual averaging's average step lands a bit above the target
+        steps.append(np.asarray(out.step_size))
+    np.testing.assert_allclose(steps[0], steps[1], rtol=0.25)
+
+
 def test_sample_api_and_errors():
     keys = jax.random.key(0)
     typed = jax.random.split(keys, 3)
@@ -152,6 +206,7 @@ def test_sample_api_and_errors():
     np.testing.assert_array_equal(np.asarray(out.position), np.asarray(again.position))
     assert out.info.acceptance_rate.shape == (3, 4)
     assert np.all((np.asarray(out.info.acceptance_rate) >= 0) & (np.asarray(out.info.acceptance_rate) <= 1))
+    np.testing.assert_array_equal(np.asarray(out.step_size), np.float32(0.4))  # no warm-up: unchanged
     assert nuts.sampler(LOGP2, num_samples=4, max_tree_depth=5) is nuts.sampler(LOGP2, num_samples=4,
                                                                               max_tree_depth=5)
     with pytest.raises(ValueError, match="initial_positions"):
@@ -163,70 +218,85 @@ def test_sample_api_and_errors():
                     num_samples=2)
     with pytest.raises(ValueError, match="uturn_criterion"):
         nuts.sampler(LOGP2, num_samples=2, uturn_criterion="nope")
+    with pytest.raises(ValueError, match="target_accept"):
+        nuts.sampler(LOGP2, num_samples=2, num_warmup=2, target_accept=1.5)
+    with pytest.raises(ValueError, match="quorum"):
+        nuts.GradientQuorum(3, quorum=0.0)
     # sampler() sizes the stacks for max_tree_depth; a smaller machine overflows.
-    shallow = pcbatch.autobatch(nuts.sampler(LOGP2, num_samples=1, max_tree_depth=3).fn,
-                                in_axes=(0, 0, None, None), max_stack_depth=2)
+    shallow = pcbatch.autobatch(nuts.sampler(LOGP2, num_samples=1, max_tree_depth=4).fn,
+                                in_axes=(0, 0, 0, None, None), max_stack_depth=2)
     with pytest.raises(pcbatch.StackOverflowError):
-        shallow(*nuts.prepare(jnp.zeros((3, 2)), typed, 0.01, None)[0])
+        shallow(*nuts.prepare(jnp.zeros((3, 2)), typed, 0.01, None, 1)[0])
 
 
 # --------------------------------------------------------------------------
-# statistical
+# statistical: the 100-d correlated Gaussian
 # --------------------------------------------------------------------------
 
-COV4 = _ar_cov([1.0, 3.0, 0.5, 1.5], 0.9)
-LOGP4 = _gaussian(COV4)
+GAUSS = targets.correlated_gaussian(100)
+STEP, CHAINS, SAMPLES = 0.25, 32, 150
 
 
-def test_correlated_gaussian_moments():
-    chains, num_samples = 16, 250
-    chol = np.linalg.cholesky(COV4)
-    x0 = jnp.asarray(np.random.default_rng(0).standard_normal((chains, 4)) @ chol.T, jnp.float32)
-    out = nuts.sample(LOGP4, x0, _keys(7, chains), step_size=0.25,
-                      inverse_mass_matrix=jnp.asarray(np.diag(COV4), jnp.float32),
-                      num_samples=num_samples, max_tree_depth=8)
-    xs = np.asarray(out.position, np.float64)          # [chains, samples, dim], started at exact draws
-    assert not np.asarray(out.info.is_divergent).any()
-    assert np.asarray(out.info.acceptance_rate).mean() > 0.6
-    assert diagnostics.rhat(xs).max() < 1.05 and diagnostics.ess(xs).min() > 500
-    # Chains are independent: their means / variances give Monte Carlo errors.
-    chain_means = xs.mean(axis=1)
-    se = chain_means.std(axis=0, ddof=1) / np.sqrt(chains)
-    assert np.all(se < 0.1 * np.sqrt(np.diag(COV4)))   # the test has power
-    np.testing.assert_array_less(np.abs(chain_means.mean(axis=0)), 5 * se)
-    chain_vars = xs.var(axis=1)
-    se_var = chain_vars.std(axis=0, ddof=1) / np.sqrt(chains)
-    np.testing.assert_array_less(np.abs(chain_vars.mean(axis=0) - np.diag(COV4)), 5 * se_var + 0.02 * np.diag(COV4))
-    centered = xs - xs.mean(axis=1, keepdims=True)
-    chain_cov01 = (centered[..., 0] * centered[..., 1]).mean(axis=1)
-    se_cov = chain_cov01.std(ddof=1) / np.sqrt(chains)
-    assert abs(chain_cov01.mean() - COV4[0, 1]) < 5 * se_cov + 0.02 * abs(COV4[0, 1])
-
-
-def test_trajectory_lengths_match_blackjax():
+@pytest.fixture(scope="module")
+def gaussian_runs():
+    """pcbatch and BlackJAX on the 100-d Gaussian, same step size, mass matrix,
+    depth limit and (NumPyro/BlackJAX) U-turn criterion, chains started at
+    exact draws (so there is no burn-in)."""
     blackjax = pytest.importorskip("blackjax")
-    stats = pytest.importorskip("scipy.stats")
-    chains, num_samples, step = 16, 100, 0.3
-    chol = np.linalg.cholesky(COV4)
-    x0 = jnp.asarray(np.random.default_rng(1).standard_normal((chains, 4)) @ chol.T, jnp.float32)
-    inv_mass = jnp.asarray(np.diag(COV4), jnp.float32)
-    ours = nuts.sample(LOGP4, x0, _keys(8, chains), step_size=step, inverse_mass_matrix=inv_mass,
-                       num_samples=num_samples, max_tree_depth=8, uturn_criterion="numpyro")
-    kernel = blackjax.nuts(LOGP4, step_size=step, inverse_mass_matrix=inv_mass, max_num_doublings=8)
+    x0 = GAUSS.draws(CHAINS, seed=11)
+    ours = nuts.sample(GAUSS.logdensity, x0, _keys(12, CHAINS), step_size=STEP, num_samples=SAMPLES,
+                       max_tree_depth=8, uturn_criterion="numpyro")
+    kernel = blackjax.nuts(GAUSS.logdensity, step_size=STEP, inverse_mass_matrix=jnp.ones(GAUSS.dim),
+                           max_num_doublings=8)
 
     @jax.jit
     def run(x0, key):
         def one(state, k):
-            state, info = jax.vmap(kernel.step)(jax.random.split(k, chains), state)
-            return state, info.num_integration_steps
-        _, steps = jax.lax.scan(one, jax.vmap(kernel.init)(x0), jax.random.split(key, num_samples))
-        return steps
+            state, info = jax.vmap(kernel.step)(jax.random.split(k, CHAINS), state)
+            return state, (info.num_integration_steps, info.num_trajectory_expansions)
+        return jax.lax.scan(one, jax.vmap(kernel.init)(x0), jax.random.split(key, SAMPLES))[1]
 
-    theirs = np.asarray(run(x0, jax.random.PRNGKey(9))).ravel()
-    mine = np.asarray(ours.info.num_integration_steps).ravel()
-    values = np.union1d(mine, theirs)
-    table = np.asarray([[np.sum(mine == v) for v in values], [np.sum(theirs == v) for v in values]])
-    table = table[:, table.sum(axis=0) >= 10]  # drop rare lengths (chi-square needs counts)
-    _, pvalue, _, _ = stats.chi2_contingency(table)
-    assert pvalue > 1e-3, (table, pvalue)
-    assert abs(mine.mean() - theirs.mean()) < 0.1 * theirs.mean()
+    steps, depths = run(x0, jax.random.PRNGKey(13))
+    return ours, np.asarray(steps).T, np.asarray(depths).T   # [chains, samples]
+
+
+def test_gaussian_100d_moments_within_monte_carlo_error(gaussian_runs):
+    out = gaussian_runs[0]
+    xs = np.asarray(out.position, np.float64)                 # [chains, samples, dim]
+    assert not np.asarray(out.info.is_divergent).any()
+    summary = out.summary()
+    assert summary["rhat"].max() < 1.05
+    sd_true = np.sqrt(np.diag(GAUSS.cov))
+    # Means: standard error sd / sqrt(ESS) per coordinate.
+    se = sd_true / np.sqrt(summary["ess"])
+    assert np.all(se < 0.1 * sd_true)                         # the test has power
+    z = xs.mean(axis=(0, 1)) / se
+    assert np.abs(z).max() < 5 and np.sum(z ** 2) < 160, (np.abs(z).max(), np.sum(z ** 2))  # chi2(100): p ~ 1e-4
+    # Variances: the mean of x^2 (the mean is known, 0), with its own ESS.
+    sq = xs ** 2
+    se_var = sq.std(axis=(0, 1), ddof=1) / np.sqrt(diagnostics.ess(sq))
+    z_var = (sq.mean(axis=(0, 1)) - np.diag(GAUSS.cov)) / se_var
+    assert np.abs(z_var).max() < 5 and np.sum(z_var ** 2) < 160, (np.abs(z_var).max(), np.sum(z_var ** 2))
+    # A covariance: along the leading eigenvector the variance is the largest eigenvalue.
+    w, v = np.linalg.eigh(GAUSS.cov)
+    proj = (xs @ v[:, -1]) ** 2
+    se_proj = proj.std(ddof=1) / np.sqrt(diagnostics.ess(proj[..., None])[0])
+    assert abs(proj.mean() - w[-1]) < 5 * se_proj
+
+
+def test_gaussian_100d_trajectory_lengths_match_blackjax(gaussian_runs):
+    stats = pytest.importorskip("scipy.stats")
+    out, their_steps, their_depths = gaussian_runs
+    our_steps = np.asarray(out.info.num_integration_steps)
+    our_depths = np.asarray(out.info.num_trajectory_expansions)
+    # Tree depths: chi-square on the contingency table (rare depths pooled).
+    values = np.union1d(our_depths, their_depths)
+    table = np.asarray([[np.sum(d == v) for v in values] for d in (our_depths, their_depths)])
+    keep = table.sum(axis=0) >= 10
+    table = np.concatenate([table[:, keep], table[:, ~keep].sum(axis=1, keepdims=True)], axis=1)
+    table = table[:, table.sum(axis=0) > 0]
+    _, p_depth, _, _ = stats.chi2_contingency(table)
+    # Integration steps (gradients per transition): Kolmogorov-Smirnov.
+    p_steps = stats.ks_2samp(our_steps.ravel(), their_steps.ravel()).pvalue
+    assert p_depth > 1e-3 and p_steps > 1e-3, (table, p_depth, p_steps)
+    assert abs(our_steps.mean() / their_steps.mean() - 1) < 0.05

@@ -1,0 +1,149 @@
+"""The machine's two ways to run a block, and masked in-place updates.
+
+`Machine` runs a block either in the shared `lax.switch` (small state) or in
+place under a `lax.cond` of its own (blocks touching large registers or
+stack frames; every block when there are many small register leaves). The
+thresholds are module constants; here they are forced so that each program
+runs all-switch, all-cond and mixed, and every way must equal the original
+Python run example by example. `runtime/inplace.py` folds the lane mask into
+`buf.at[i].set(v)` / `dynamic_update_slice` on large registers; its programs
+write rows from divergent control flow.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import pcbatch
+import pcbatch.runtime.machine as machine
+from pcbatch.ir.core import Prim
+from pcbatch.runtime.inplace import masked_update
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
+from corpus import CASES_BY_NAME  # noqa: E402
+from test_corpus import assert_same  # noqa: E402
+
+MODES = {  # (LARGE_REGISTER_BYTES, SWITCH_MAX_LEAVES)
+    "switch": (1 << 40, 1 << 20),
+    "conds": (1, -1),
+    "mixed": (64, 1 << 20),  # only blocks touching a register of >= 64 bytes (all lanes) run in place
+}
+
+
+@pytest.fixture(params=sorted(MODES))
+def mode(request, monkeypatch):
+    large, leaves = MODES[request.param]
+    monkeypatch.setattr(machine, "LARGE_REGISTER_BYTES", large)
+    monkeypatch.setattr(machine, "SWITCH_MAX_LEAVES", leaves)
+    return request.param
+
+
+def _heavy(f, *args) -> set[int]:
+    prog = f.lowered(*args)
+    return machine.Machine(prog, prog.lanes, f._config(prog, prog.lanes)[1]).heavy
+
+
+# Recursion with saves, mutual recursion, loops with early exits, pytrees,
+# shared arrays, nested calls: the machine features every mode must get right.
+PROGRAMS = ["fib", "ack", "is_even", "loop_mix", "digit_stats", "bsearch_rec", "tree_sum", "bubble_sort",
+            "minmax_rec", "hanoi"]
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_corpus_programs_in_every_mode(name, mode):
+    case = CASES_BY_NAME[name]
+    f = case.fn.with_options()  # a fresh compile cache: the thresholds are read when tracing
+    args = case.args(list(case.divergent))
+    assert_same(case, f(*args), case.fn.reference(*args))
+    heavy = _heavy(f, *args)
+    assert (not heavy) if mode == "switch" else (len(heavy) == f.lowered(*args).num_blocks if mode == "conds"
+                                                 else True)
+
+
+DIM = 24
+
+
+@pcbatch.autobatch
+def record(x, n):
+    """Rows written from divergent control flow: `.at[].set` under an `if`,
+    `.at[].add`, a negative index, an index past the end (dropped), and
+    `dynamic_update_slice`; the buffers are also read back."""
+    rows = jnp.zeros((6, DIM))
+    hits = jnp.zeros((6,))
+    i = 0
+    while i < n:
+        x = jnp.sin(x) + 0.1 * i
+        if x[0] > 0:
+            rows = rows.at[i % 6].set(x)
+        else:
+            rows = rows.at[-1].add(x)
+        hits = hits.at[i].add(1.0)  # i >= 6 is out of range: dropped, as in Python-side JAX
+        rows = lax.dynamic_update_slice(rows, x[None, :3] * 2.0, (i % 5, 0))
+        x = x + rows[i % 6]
+        i += 1
+    return rows, hits, x
+
+
+@pcbatch.autobatch
+def saved_rows(x, depth):
+    """A large buffer saved across recursive calls, then updated in place."""
+    buf = jnp.zeros((4, DIM))
+    if depth > 0:
+        inner = saved_rows(x * 0.5, depth - 1)
+        buf = buf.at[depth % 4].set(inner[0] + x)
+    return buf
+
+
+def test_masked_rows_match_python(mode):
+    x = jax.random.normal(jax.random.PRNGKey(0), (5, DIM))
+    n = jnp.array([0, 1, 4, 9, 7])
+    f = record.with_options()
+    for a, b in zip(f(x, n), record.reference(x, n)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_masked_rows_saved_across_calls_match_python(mode):
+    x = jax.random.normal(jax.random.PRNGKey(1), (4, DIM))
+    d = jnp.array([0, 1, 3, 5])
+    f = saved_rows.with_options()
+    np.testing.assert_allclose(f(x, d), saved_rows.reference(x, d), rtol=1e-5, atol=1e-5)
+
+
+def _types(**kw):
+    return {k: jax.ShapeDtypeStruct(np.shape(v), jnp.asarray(v).dtype) for k, v in kw.items()}
+
+
+def test_masked_update_recognizes_in_place_updates_only():
+    types = _types(buf=np.zeros((4, 3), np.float32), i=np.int32(0), v=np.zeros(3, np.float32),
+                   w=np.zeros(3, np.float32))
+    ok = [(("buf",), lambda b, i, v: (b.at[i].set(v),)), (("buf",), lambda b, i, v: (b.at[i].add(v),)),
+          (("buf",), lambda b, i, v: (lax.dynamic_update_slice(b, v[None], (i, 0)),)),
+          (("buf", "w"), lambda b, i, v: (b.at[i].set(v), v * 2))]
+    for outs, fn in ok:
+        assert masked_update(Prim(outs, ("buf", "i", "v"), fn), types, {"buf"}) is not None
+    not_ok = [lambda b, i, v: (b.at[i].set(v, mode="clip"),),   # no out-of-bounds drop to mask with
+              lambda b, i, v: (b * 2,),                         # not an update of b
+              lambda b, i, v: (b.at[i].set(v) + 1,),            # the update is not the result
+              lambda b, i, v: (jnp.zeros_like(b).at[i].set(v),)]  # updates something else
+    for fn in not_ok:
+        assert masked_update(Prim(("buf",), ("buf", "i", "v"), fn), types, {"buf"}) is None
+    # registers that are not large, or not both read and written, are left alone
+    assert masked_update(Prim(("buf",), ("buf", "i", "v"), ok[0][1]), types, set()) is None
+    assert masked_update(Prim(("out",), ("buf", "i", "v"), ok[0][1]), {**types, "out": types["buf"]}, {"out"}) is None
+
+
+def test_masked_update_keeps_inactive_lanes():
+    types = _types(buf=np.zeros((4, 3), np.float32), i=np.int32(0), v=np.zeros(3, np.float32))
+    for fn in (lambda b, i, v: (b.at[i].set(v),), lambda b, i, v: (lax.dynamic_update_slice(b, v[None], (i, 0)),)):
+        masked = jax.vmap(masked_update(Prim(("buf",), ("buf", "i", "v"), fn), types, {"buf"}))
+        buf = jnp.arange(3 * 4 * 3, dtype=jnp.float32).reshape(3, 4, 3)
+        active = jnp.array([True, False, True])
+        (out,) = masked(active, buf, jnp.array([1, 2, 3]), -jnp.ones((3, 3)))
+        expect = jax.vmap(fn)(buf, jnp.array([1, 2, 3]), -jnp.ones((3, 3)))[0]
+        np.testing.assert_array_equal(out, jnp.where(active[:, None, None], expect, buf))
