@@ -111,9 +111,10 @@ def workloads(quick: bool) -> dict[str, tuple[Any, tuple, int]]:
     chains, dim = (16, 10) if quick else (64, 10)
     scales = jnp.linspace(0.5, 2.0, dim)
     logp = lambda x: -0.5 * jnp.sum((x / scales) ** 2)  # noqa: E731
-    prog = nuts.sampler(logp, num_samples=5 if quick else 20, max_tree_depth=6)
+    transitions = 5 if quick else 20
+    prog = nuts.sampler(logp, num_samples=transitions, max_tree_depth=6)
     args, _, _ = nuts.prepare(jax.random.normal(jax.random.PRNGKey(1), (chains, dim)),
-                              jax.random.split(jax.random.PRNGKey(2), chains), 0.3, None)
+                              jax.random.split(jax.random.PRNGKey(2), chains), 0.3, None, transitions)
     out["nuts"] = (prog, args, chains)
     return out
 
