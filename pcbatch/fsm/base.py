@@ -10,6 +10,7 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pcbatch.ir.core import Return
 
@@ -77,6 +78,12 @@ class ReturnsLast:
         later = jnp.asarray(self.returns if self.returns is not None else (False,) * n) * n
         key = jnp.where(frontier.counts > 0, jnp.arange(n) + later, 2 * n)
         return jnp.argmin(key).astype(jnp.int32), carry
+
+    def __call__(self, sim: Any) -> int:
+        """The host twin (a policy for `fsm.simulate`)."""
+        n = sim.counts.shape[0]
+        later = np.asarray(self.returns if self.returns is not None else (False,) * n) * n
+        return int(np.argmin(np.where(sim.counts > 0, np.arange(n) + later, 2 * n)))
 
     def __repr__(self) -> str:
         return "ReturnsLast()"

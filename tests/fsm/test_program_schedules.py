@@ -103,8 +103,9 @@ def test_forked_programs_match_the_dag_simulation(case, tree_case):
     graph = fsm.record(f, *args)
     want = f.reference(*args)
     policy = fsm.learn(f, *args, trials=40, seed=0, progress=False)
+    returns_last = fsm.ReturnsLast().for_program(f.lowered(*args))
     for name, host in [("earliest", fsm.Earliest()), ("depth", fsm.Depth()), ("agenda", fsm.Agenda()),
-                       ("fsm", policy)]:
+                       ("returns_last", returns_last), ("fsm", policy)]:
         g = f.with_schedule(policy if name == "fsm" else name)
         got, status = g.checked(*args)
         for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
