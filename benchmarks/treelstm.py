@@ -110,7 +110,7 @@ def blocks_per_node(model, params) -> tuple[int | None, int | None]:
         lens = []
         for leaves in (1, 2):
             t = data.batch([data.random_binary_tree(rng, leaves, 3, vocab=VOCAB)])
-            (trace,) = model.trace(params, t, t.root)
+            (trace,) = model.reference_trace(params, t, t.root)
             lens.append(len(trace.blocks))
         return lens[0], lens[1] - 2 * lens[0]
     except Exception:            # noqa: BLE001

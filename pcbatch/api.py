@@ -22,7 +22,8 @@ from pcbatch.lower import lower, specialize
 from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.runtime import MachineConfig, Status, run_machine
 from pcbatch.runtime.grad import Differentiable, TapeInfo, is_float
-from pcbatch.runtime.machine import StackLayout, new_workspace, workspace_shapes
+from pcbatch.runtime.machine import StackLayout, new_workspace, trace_steps, workspace_shapes
+from pcbatch.runtime.steps import StepTrace
 
 tree_util = jax.tree_util
 
@@ -176,8 +177,30 @@ class Autobatched:
                 outs.append(self.fn(*example))
         return tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *outs)
 
-    def trace(self, *args: Any, max_steps: int | None = None) -> list[Trace]:
-        """What each example executes (blocks of `lowered(*args)`), one `Trace` each."""
+    def trace(self, *args: Any, steps: int = 4096, per_lane: bool = False) -> StepTrace:
+        """Run the machine on these arguments and record, inside the loop, each
+        step's block, the lanes it ran and the ready lanes per block (the
+        frontier the scheduler chose from): the first `steps` steps are kept;
+        with `per_lane`, also each lane's pc (`steps x lanes` integers). The
+        result plots with `pcbatch.viz.schedule_gantt`, `utilization` and
+        `lane_progress`. A sharded function is traced on one device.
+
+        >>> import jax.numpy as jnp, pcbatch
+        >>> @pcbatch.autobatch
+        ... def fib(n):
+        ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
+        >>> t = fib.with_options(fork=False).trace(jnp.array([3, 7, 4, 5]))
+        >>> t.total == t.steps, int(t.lanes.max()) <= 4
+        (True, True)
+        """
+        prog, _, inputs, batch = self._prepare(args)
+        with _context.in_building():
+            return trace_steps(prog, inputs, batch, self._config(prog, batch)[1], steps, per_lane)[2]
+
+    def reference_trace(self, *args: Any, max_steps: int | None = None) -> list[Trace]:
+        """What each example executes, from the reference interpreter: one
+        `pcbatch.ir.Trace` each (blocks of `lowered(*args)` and what each waited
+        for; the executions a scheduler learns from, `pcbatch.fsm.record`)."""
         prog = self.lowered(*args)
         return [run_stack_program(prog, example, max_steps=max_steps) for example in self._examples(prog, args)]
 

@@ -654,14 +654,14 @@ def stack_depth_histogram(
     ax: Axes | None = None,
 ) -> Figure:
     """Histogram of each example's deepest recursion (`Trace.max_depth`, from
-    ``f.trace(*args)``): one bar per depth from the shallowest to the deepest.
+    ``f.reference_trace(*args)``): one bar per depth from the shallowest to the deepest.
     `max_stack_depth` (the machine's limit) is drawn as a red line.
 
     >>> import jax.numpy as jnp, pcbatch, pcbatch.viz as viz
     >>> @pcbatch.autobatch(fork=False)  # with fork-join no lane recurses
     ... def fib(n):
     ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
-    >>> fig = viz.stack_depth_histogram(fib.trace(jnp.array([1, 3, 4, 4])))
+    >>> fig = viz.stack_depth_histogram(fib.reference_trace(jnp.array([1, 3, 4, 4])))
     >>> [int(p.get_height()) for p in fig.axes[0].patches]
     [1, 0, 1, 2]
     """

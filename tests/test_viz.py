@@ -315,7 +315,7 @@ def test_layout_before_after_shows_both_orders():
 
 
 def test_stack_depth_histogram_counts_examples():
-    traces = fib.trace(X)
+    traces = fib.reference_trace(X)
     depths = [t.max_depth for t in traces]
     fig = viz.stack_depth_histogram(traces, max_stack_depth=fib.max_stack_depth)
     render(fig)

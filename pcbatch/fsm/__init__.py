@@ -39,14 +39,15 @@ def get_scheduler(schedule: Any) -> Scheduler:
 
 
 def record(f: Any, *sample_args: Any) -> ExecGraph:
-    """What the autobatched `f` executes on a sample batch, as an `ExecGraph`
-    (one chain of blocks per example), from the reference tracer. Programs
-    with forks are not supported yet."""
+    """What the autobatched `f` executes on a sample batch, as an `ExecGraph`,
+    from the reference tracer (`f.reference_trace`): one chain of blocks per
+    example, and with fork-join a DAG (a forked call's lane starts after its
+    Fork; the Join waits for every child's last block). A replay of it is the
+    machine's run when every step runs all lanes waiting at its block and the
+    lane pool never runs out: pass `lane_width` and `max_lanes` large enough
+    for the batch for the device's step counts to match."""
     prog = f.lowered(*sample_args)
-    if prog.has_forks:
-        raise ValueError(f"{f!r} forks: its examples run as trees of lanes, which the execution graph "
-                         "(one chain per example) cannot record yet; learn on f.with_options(fork=False).")
-    return ExecGraph.from_chains([t.blocks for t in f.trace(*sample_args)], prog.num_blocks)
+    return ExecGraph.from_traces(f.reference_trace(*sample_args), prog.num_blocks)
 
 
 def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000, seed: int = 0,

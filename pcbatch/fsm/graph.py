@@ -10,6 +10,7 @@ fork-join gives a chain; with fork-join the lanes' chains join into a DAG.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -90,6 +91,18 @@ class ExecGraph:
         np.cumsum(~is_first, out=parent_ptr[1:])
         parent_idx = (np.flatnonzero(~is_first) - 1).astype(np.int32)
         return cls(types, parent_ptr, parent_idx, num_types, len(chains))
+
+    @classmethod
+    def from_traces(cls, traces: Sequence[Any], num_types: int) -> ExecGraph:
+        """The executions of several examples side by side: one
+        `pcbatch.ir.Trace` each (`blocks`, and the `parents` each block waited
+        for: a chain per lane, joined at forks)."""
+        types = np.asarray([b for t in traces for b in t.blocks], np.int32)
+        edges, offset = [], 0
+        for t in traces:
+            edges += [(offset + p, offset + v) for v, ps in enumerate(t.parents) for p in ps]
+            offset += len(t.blocks)
+        return cls.from_edges(types, np.asarray(edges, np.int64).reshape(-1, 2), num_types, len(traces))
 
     @classmethod
     def from_edges(

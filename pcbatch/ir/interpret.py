@@ -51,10 +51,17 @@ def run_program(program: Program, *args: Any) -> Any:
 
 @dataclass
 class Trace:
-    """What one example did: the result, each block it ran, and its deepest recursion."""
+    """What one example did: the result, each block it ran, and its deepest recursion.
+
+    `parents[i]` are the executions block `blocks[i]` waited for (indices into
+    `blocks`): the lane's previous block, or for a lane's first block the Fork
+    that started it; a Join waits for its lane's Fork and each child's last
+    block. Without forks this is a chain.
+    """
 
     result: Any
     blocks: list[int] = field(default_factory=list)
+    parents: list[tuple[int, ...]] = field(default_factory=list)
     max_depth: int = 1
     finished: bool = True
 
@@ -80,20 +87,26 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
     class Stop(Exception):
         pass
 
-    def lane(pc: int, env: dict[str, Any]) -> dict[str, Any]:
+    def lane(pc: int, env: dict[str, Any], waits: tuple[int, ...]) -> tuple[dict[str, Any], int]:
+        """Runs a lane from `pc` until it halts; `waits` are the parents of its
+        first block. Returns its registers and its last block's node."""
         stacks: dict[str, list] = {}
         pc_stack = [halt]
         children: list[dict[str, Any]] = []
+        node = -1
         while pc != halt:
             if max_steps is not None and len(trace.blocks) >= max_steps:
                 raise Stop
+            node = len(trace.blocks)
             trace.blocks.append(pc)
+            trace.parents.append(waits)
+            waits = (node,)
             block = prog.blocks[pc]
             for op in block.ops:
                 if isinstance(op, Prim):
                     env.update(zip(op.outs, op.fn(*(env[v] for v in op.ins))))
                 elif isinstance(op, Push):
-                    stacks.setdefault(op.var, []).append(env[op.var])
+                    stacks.setdefault(op.var, []).append(env.get(op.var))  # may be unset: never read
                 elif isinstance(op, Update):
                     stacks[op.var][-1] = env[op.var]
                 elif isinstance(op, Pop):
@@ -117,15 +130,17 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
                 pc = t.seq
             elif isinstance(t, Fork):
                 # A fresh lane's other registers are never read before written (liveness).
-                children = [lane(c.target, {**env, **{p: env[a] for p, a in zip(c.params, c.args)}})
-                            for c in t.calls]
+                ran = [lane(c.target, {**env, **{p: env[a] for p, a in zip(c.params, c.args)}}, (node,))
+                       for c in t.calls]
+                children = [child for child, _ in ran]
+                waits = (node, *(last for _, last in ran))
                 pc = t.join
             else:
                 pc = pc_stack.pop() if prog.has_calls else halt
-        return env
+        return env, node
 
     try:
-        trace.result = lane(prog.entry_block, env).get(prog.result)
+        trace.result = lane(prog.entry_block, env, ())[0].get(prog.result)
     except Stop:
         trace.finished = False
     return trace

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pcbatch.fsm.base import Frontier, Scheduler, bind
+from pcbatch.runtime.steps import StepRecorder, StepTrace
 from pcbatch.runtime.inplace import masked_update
 from pcbatch.ir.core import (
     CONSTANT,
@@ -282,7 +283,7 @@ class Machine:
 
     def __init__(self, prog: StackProgram, num_lanes: int, config: MachineConfig):
         self.prog = prog
-        self.lanes = num_lanes
+        self.lanes = self.width = num_lanes  # a step runs every lane waiting at its block
         self.depth = config.max_stack_depth
         self.max_steps = config.max_steps
         self.scheduler = bind(config.scheduler, prog)
@@ -617,3 +618,18 @@ def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, conf
     consts, inv = eval_prelude(prog, inputs)
     batched = {v: x for v, x in inputs.items() if prog.var_class.get(v) not in (CONSTANT, INVARIANT)}
     return _machine_for(prog, num_lanes, config).run(consts, inv, batched, workspace, active, recorder)
+
+
+def trace_steps(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig,
+                size: int, per_lane: bool = False) -> tuple[Any, Status, StepTrace]:
+    """`run_machine`, also recording its first `size` steps (`StepTrace`)."""
+    machine = _machine_for(prog, num_lanes, config)
+
+    @jax.jit
+    def run(inputs):
+        recorder = StepRecorder(prog.num_blocks, machine.width, size, per_lane)
+        result, status, _, tape = run_machine(prog, inputs, num_lanes, config, recorder=recorder)
+        return result, status, tape
+
+    result, status, tape = run(inputs)
+    return result, status, StepTrace.from_tape(tape, machine.lanes, machine.width)

@@ -251,7 +251,8 @@ class PoolMachine:
                 # The children's rows: a fresh bottom frame, this lane as parent.
                 rows = jnp.zeros((W, K, self.num_cols), jnp.int32)
                 rows = rows.at[:, :, col["pc_sp"]].set(1).at[:, :, self.kids].set(M)
-                rows = rows.at[:, :, col["parent"]].set(ids[:, None]).at[:, :, col["depth"]].set(get("depth")[:, None])
+                rows = rows.at[:, :, col["parent"]].set(ids[:, None])
+                rows = rows.at[:, :, col["depth"]].set(changes["depth"][:, None])  # the Fork's successors
                 rows = rows.at[:, :, col["example"]].set(get("example")[:, None])
                 starts = jnp.array([c.target for c in term.calls] + [0] * (K - k), jnp.int32)
                 spawned = (kids.reshape(-1), rows.reshape(W * K, -1), jnp.broadcast_to(starts, (W, K)).reshape(-1))
@@ -347,6 +348,9 @@ class PoolMachine:
                     regs = lax.cond(block == f, self._spawn_params(term, consts, inv, kid, src, example),
                                     lambda r: r, regs)
                 lane = lane.at[out["decrement"], col["pending"]].add(-1, mode="drop")
+                # A Join comes after its children's last blocks: its depth (for
+                # the depth/agenda schedulers) is the longest path through them.
+                lane = lane.at[out["decrement"], col["depth"]].max(out["lane"][:, col["depth"]], mode="drop")
                 pc = jnp.where((pc < 0) & (lane[:, col["pending"]] == 0), -1 - pc, pc)
             new.update(pc=pc, lane=lane, regs=regs, stacks=stacks, sched=sched, steps=state["steps"] + 1,
                        peak=jnp.maximum(state["peak"], jnp.sum(pc != self.free)))

@@ -287,7 +287,7 @@ def test_loop_only_program_needs_no_stacks():
 
 
 def test_trace_has_one_entry_per_example():
-    traces = fib.trace(np.asarray([0, 5, 2], np.int32))
+    traces = fib.reference_trace(np.asarray([0, 5, 2], np.int32))
     assert len(traces) == 3
     assert all(t.finished for t in traces)
     assert [int(t.result) for t in traces] == [0, 5, 1]  # fib(0), fib(5), fib(2)
@@ -295,7 +295,7 @@ def test_trace_has_one_entry_per_example():
     assert len(traces[0].blocks) < len(traces[2].blocks) < len(traces[1].blocks)
     # With fork-join every call runs in a lane of its own: no lane recurses.
     assert all(t.max_depth == 1 for t in traces)
-    sequential = fib.with_options(fork=False).trace(np.asarray([0, 5, 2], np.int32))
+    sequential = fib.with_options(fork=False).reference_trace(np.asarray([0, 5, 2], np.int32))
     assert [int(t.result) for t in sequential] == [0, 5, 1]
     assert sequential[0].max_depth < sequential[2].max_depth < sequential[1].max_depth
 

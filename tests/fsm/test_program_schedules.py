@@ -1,10 +1,13 @@
 """Schedulers driving the real machine: same results, and step counts that match the host simulation."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import pcbatch
 import pcbatch.fsm as fsm
+from pcbatch import data
+from pcbatch.models import nary
 
 
 @pcbatch.autobatch(fork=False)  # the host simulation models one lane per example
@@ -52,3 +55,111 @@ def test_learned_policy_runs_in_the_machine(f, x, tmp_path):
 def test_unknown_schedule_name_is_an_error():
     with pytest.raises(ValueError, match="unknown schedule"):
         pcbatch.autobatch(lambda n: n, schedule="fastest")
+
+
+# --- fork-join: the recorded executions are DAGs -----------------------------
+
+# Lane width 31: one compiled width (they halve down to 16), and more than the
+# lanes ever waiting at one block here, so every step runs all of them; the
+# pool never runs out. That is the machine the DAG simulation models.
+WIDE = dict(max_lanes=512, lane_width=31)
+
+
+@pcbatch.autobatch(**WIDE)
+def fib_forked(n):
+    if n <= 1:
+        return n
+    return fib_forked(n - 1) + fib_forked(n - 2)
+
+
+@pytest.fixture(scope="module")
+def tree_case():
+    trees = data.batch(data.random_binary_trees(5, seed=3, min_leaves=2, max_leaves=6, max_nodes=11))
+    params = nary.init_params(jax.random.PRNGKey(0), vocab=50, hidden=4)
+    return nary.nary_tree_lstm.with_options(**WIDE), (params, trees, trees.root)
+
+
+def _fork_cases(tree_case):
+    return {"fib": (fib_forked, (jnp.array([0, 3, 6, 4, 5, 1]),)), "tree_lstm": tree_case}
+
+
+def test_forked_traces_join_children(tree_case):
+    f, args = tree_case
+    prog = f.lowered(*args)
+    for trace in f.reference_trace(*args):
+        assert len(trace.parents) == len(trace.blocks) and trace.parents[0] == ()
+        for v, (b, ps) in enumerate(zip(trace.blocks, trace.parents)):
+            assert all(p < v for p in ps)
+            ops = prog.blocks[b].ops
+            if ops and type(ops[0]).__name__ == "Join":  # the Fork, then each child's last block
+                assert len(ps) == 1 + len(ops[0].rets)
+    graph = fsm.record(f, *args)
+    assert graph.num_nodes == sum(len(t.blocks) for t in f.reference_trace(*args))
+
+
+@pytest.mark.parametrize("case", ["fib", "tree_lstm"])
+def test_forked_programs_match_the_dag_simulation(case, tree_case):
+    f, args = _fork_cases(tree_case)[case]
+    graph = fsm.record(f, *args)
+    want = f.reference(*args)
+    policy = fsm.learn(f, *args, trials=40, seed=0, progress=False)
+    for name, host in [("earliest", fsm.Earliest()), ("depth", fsm.Depth()), ("agenda", fsm.Agenda()),
+                       ("fsm", policy)]:
+        g = f.with_schedule(policy if name == "fsm" else name)
+        got, status = g.checked(*args)
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        sim = fsm.simulate(graph, host)
+        assert sim.sizes.max() <= WIDE["lane_width"]  # else the device takes more steps
+        assert int(status.steps) == sim.steps, name
+        assert fsm.lower_bound(graph) <= sim.steps
+
+
+def test_trace_records_each_step_inside_the_loop(tree_case):
+    f, args = tree_case
+    g = f.with_schedule("agenda")
+    sim = fsm.simulate(fsm.record(f, *args), fsm.Agenda())
+    trace = g.trace(*args)
+    assert trace.total == trace.steps == sim.steps == int(g.checked(*args)[1].steps)
+    np.testing.assert_array_equal(trace.blocks, sim.types)
+    np.testing.assert_array_equal(trace.lanes, sim.sizes)
+    # The frontier before each step holds the lanes that step ran.
+    np.testing.assert_array_equal(trace.counts[np.arange(trace.steps), trace.blocks], trace.lanes)
+    short = g.trace(*args, steps=5)
+    assert short.truncated and short.total == trace.total
+    np.testing.assert_array_equal(short.blocks, trace.blocks[:5])
+
+
+def test_trace_of_a_narrow_pool_counts_the_lanes_each_step_ran(tree_case):
+    f, args = tree_case
+    g = f.with_options(max_lanes=24, lane_width=4)  # lanes wait for a slot; Forks fall back to calls
+    trace = g.trace(*args)
+    assert trace.lanes.max() <= 4 and trace.num_lanes == 24
+    np.testing.assert_array_equal(trace.lanes, np.minimum(trace.counts[np.arange(trace.steps), trace.blocks], 4))
+    got, status = g.checked(*args)
+    assert not status.unfinished.any() and int(status.steps) == trace.total
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(f.reference(*args))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["depth", "agenda", "returns_last"])
+def test_schedules_under_pool_pressure_finish_every_example(name, tree_case):
+    f, args = tree_case
+    got, status = f.with_options(max_lanes=24, lane_width=4, schedule=name).checked(*args)
+    assert not status.unfinished.any() and not status.overflow.any()
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(f.reference(*args))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("f,x", CASES, ids=["fib", "collatz"])
+def test_per_lane_trace_gives_each_lane_its_blocks(f, x):
+    trace = f.trace(x, per_lane=True)
+    ran = trace.ran()
+    np.testing.assert_array_equal(ran.sum(axis=1), trace.lanes)
+    chains = [t.blocks for t in f.reference_trace(x)]
+    for lane, chain in enumerate(chains):
+        assert trace.blocks[ran[:, lane]].tolist() == chain
+    for block in range(f.lowered(x).num_blocks):
+        assert trace.runs(block)[:, -1].tolist() == [c.count(block) for c in chains]
+    with pytest.raises(ValueError, match="per_lane"):
+        f.trace(x).ran()

@@ -64,7 +64,7 @@ def test_interpreters_agree_with_python(f, args):
 @pytest.mark.parametrize("f,args", PROGRAMS, ids=lambda x: getattr(x, "__name__", ""))
 def test_machine_runs_exactly_the_blocks_the_tracer_records(f, args):
     _, status = f.checked(*args)
-    traces = f.trace(*args)
+    traces = f.reference_trace(*args)
     np.testing.assert_array_equal(status.blocks_run, [len(t.blocks) for t in traces])
     assert int(status.steps) >= max(len(t.blocks) for t in traces)
 

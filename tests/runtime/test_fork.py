@@ -540,7 +540,7 @@ def test_blocks_run_equals_trace_with_plenty_of_lanes():
     fn = variant(fib, max_lanes=1024, max_stack_depth=4)
     _, status = fn.checked(DEEP)
     assert_ok(status, 7)
-    traces = fn.trace(DEEP)
+    traces = fn.reference_trace(DEEP)
     assert all(t.finished for t in traces)
     np.testing.assert_array_equal(np.asarray(status.blocks_run), [len(t.blocks) for t in traces])
     np.testing.assert_array_equal([int(t.result) for t in traces], np.asarray(fib.reference(DEEP)))
