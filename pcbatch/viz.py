@@ -1,9 +1,10 @@
 """Plots of what the machine did: schedules, frontiers, policies, layouts.
 
 Every function takes the objects the rest of pcbatch returns (`fsm.Schedule`,
-`fsm.ExecGraph`: from `fsm.record` and `fsm.simulate`, or from a run on the
-device with `fsm.Recorded`; `fsm.Policy`, `pcbatch.ir.Trace`, `memory.PQTree`,
-`memory.LayoutResult`, a block of `f.layout_report(...)`) and returns a `matplotlib.figure.Figure`.  Figures are
+`fsm.ExecGraph`: from `fsm.record` and `fsm.simulate`; the `StepTrace` of a run
+on the device, `f.trace(...)`, wherever a schedule goes; `fsm.Policy`,
+`pcbatch.ir.Trace`, `memory.PQTree`, `memory.LayoutResult`, a block of
+`f.layout_report(...)`) and returns a `matplotlib.figure.Figure`.  Figures are
 made without pyplot and carry an Agg canvas, so they work headless (no display,
 any backend) and never pile up in pyplot's figure registry; in Jupyter a
 returned figure is shown as the cell's value (run ``%matplotlib inline`` first).
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from pcbatch.ir.core import StackProgram
     from pcbatch.ir.interpret import Trace
     from pcbatch.memory import BlockLayout, LayoutResult, PQNode, PQTree
+    from pcbatch.runtime.steps import StepTrace
 
 __all__ = [
     "block_colour",
@@ -48,7 +50,6 @@ __all__ = [
     "frontier_size",
     "frontier_sizes",
     "lane_progress",
-    "lane_progress_counts",
     "layout_before_after",
     "policy_graph",
     "pq_tree",
@@ -313,34 +314,8 @@ def frontier_size(
 
 
 # ------------------------------------------------------------------ lanes
-def _lane_nodes(graph: ExecGraph) -> list[np.ndarray]:
-    """The nodes of each lane of a chain graph (`ExecGraph.from_chains`): runs of consecutive nodes."""
-    parents = np.diff(graph.parent_ptr)
-    with_parent = np.flatnonzero(parents == 1)
-    if np.any(parents > 1) or np.any(graph.parent_idx != with_parent - 1):
-        raise ValueError("the graph is not one chain of blocks per lane (a program with forks?)")
-    nodes = np.arange(graph.num_nodes)
-    chains = np.split(nodes, np.flatnonzero(parents == 0)[1:]) if graph.num_nodes else []
-    # Lanes that ran nothing (e.g. inactive) have no node: pad to num_lanes.
-    return chains + [nodes[:0]] * (graph.num_lanes - len(chains))
-
-
-def lane_progress_counts(graph: ExecGraph, schedule: Schedule, block: int) -> np.ndarray:
-    """int[lanes, steps]: how many times each lane has run `block` by the end of
-    each VM step of `schedule` (a schedule of `graph`, e.g. from `fsm.Recorded`)."""
-    if np.asarray(schedule.node_step).shape != (graph.num_nodes,):
-        raise ValueError("the schedule's node_step does not match the graph (was it made from another graph?)")
-    node_step = np.asarray(schedule.node_step)
-    out = np.zeros((graph.num_lanes, schedule.steps), np.int64)
-    for lane, nodes in enumerate(_lane_nodes(graph)):
-        hits = node_step[nodes[graph.node_type[nodes] == block]]
-        np.add.at(out[lane], hits, 1)
-    return np.cumsum(out, axis=1)
-
-
 def lane_progress(
-    graph: ExecGraph,
-    schedule: Schedule,
+    trace: StepTrace,
     block: int,
     block_names: Sequence[str] | None = None,
     *,
@@ -348,29 +323,28 @@ def lane_progress(
     title: str | None = None,
 ) -> Figure:
     """Per lane, how many times it has run `block`, against the VM step: one
-    step line per lane. Lanes that advance together overlap; lanes that drift
-    apart fan out. For NUTS, with `block` the one that ends a transition,
-    this is each chain's transition count over the run: chains desynchronize.
+    step line per lane (`trace.runs(block)`). Lanes that advance together
+    overlap; lanes that drift apart fan out. For NUTS, with `block` the one
+    that ends a transition, this is each chain's transition count over the
+    run: chains desynchronize.
 
-    `graph` and `schedule` are a recording of one run (`fsm.Recorded`, or
-    `fsm.record` and `fsm.simulate`) of a program without forks.
+    `trace` is a run recorded with each lane's pc, `f.trace(*args, per_lane=True)`.
 
-    >>> import jax.numpy as jnp, pcbatch, pcbatch.fsm as fsm, pcbatch.viz as viz
+    >>> import jax.numpy as jnp, pcbatch, pcbatch.viz as viz
     >>> @pcbatch.autobatch(fork=False)
     ... def fib(n):
     ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
-    >>> rec = fsm.Recorded("earliest")
-    >>> _ = fib.with_schedule(rec)(jnp.array([3, 7, 4, 5]))
-    >>> fig = viz.lane_progress(rec.graph(), rec.schedule(), block=0)   # b0: calls of fib
+    >>> trace = fib.trace(jnp.array([3, 7, 4, 5]), per_lane=True)
+    >>> fig = viz.lane_progress(trace, block=0)   # b0: calls of fib
     >>> [int(line.get_ydata()[-1]) for line in fig.axes[0].lines]
     [5, 41, 9, 15]
     """
-    counts = lane_progress_counts(graph, schedule, block)
+    counts = trace.runs(block)
     fig, ax = _figure(ax, (8, 3))
-    steps = np.arange(schedule.steps)
+    steps = np.arange(trace.steps)
     for lane, row in enumerate(counts):
         ax.step(steps, row, where="post", linewidth=1, label=f"lane {lane}")
-    ax.set_xlim(0, max(schedule.steps, 1))
+    ax.set_xlim(0, max(trace.steps, 1))
     ax.set_ylim(0, max(int(counts.max()) if counts.size else 0, 1) * 1.05)
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("VM step")
@@ -378,9 +352,10 @@ def lane_progress(
     ax.set_ylabel(f"runs of b{block}")
     ax.grid(alpha=0.3)
     if title is None:
-        title = f"{name}: runs per lane ({graph.num_lanes} lanes, {schedule.steps} steps)"
+        more = f", first {trace.steps} of {trace.total} steps" if trace.truncated else f", {trace.steps} steps"
+        title = f"{name}: runs per lane ({trace.num_lanes} lanes{more})"
     ax.set_title(title)
-    if 0 < graph.num_lanes <= 10:
+    if 0 < trace.num_lanes <= 10:
         ax.legend(fontsize="small", loc="upper left", frameon=False)
     return fig
 

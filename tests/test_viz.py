@@ -185,10 +185,9 @@ def test_frontier_size_rejects_a_schedule_of_another_graph(graph):
         viz.frontier_sizes(other, fsm.simulate(graph, fsm.get_scheduler("earliest")))
 
 
-def lane_by_lane_counts(graph, types, block):
-    """Independent oracle for chain graphs: walk each lane's block list, count `block`."""
-    ptr = np.diff(graph.parent_ptr)
-    chains = [c.tolist() for c in np.split(graph.node_type, np.flatnonzero(ptr == 0)[1:])]
+def lane_by_lane_counts(chains, types, block):
+    """Independent oracle: replay the step types on each example's block list
+    (every lane waiting at the step's block runs it), counting `block`."""
     at, runs, out = [0] * len(chains), [0] * len(chains), []
     for t in types:
         for k, c in enumerate(chains):
@@ -196,46 +195,48 @@ def lane_by_lane_counts(graph, types, block):
                 runs[k] += t == block
                 at[k] += 1
         out.append(list(runs))
+    assert at == [len(c) for c in chains], "the steps do not replay every example's blocks"
     return np.asarray(out).T
 
 
+@pytest.fixture(scope="module")
+def chains():
+    return [t.blocks for t in fib.reference_trace(X)]   # each example's blocks, from the reference interpreter
+
+
 @pytest.mark.parametrize("name", ["earliest", "agenda"])
-@pytest.mark.parametrize("block", [0, 2])
-def test_lane_progress_matches_a_lane_by_lane_replay(graph, names, name, block):
-    schedule = fsm.simulate(graph, fsm.get_scheduler(name))
-    expected = lane_by_lane_counts(graph, schedule.types.tolist(), block)
-    np.testing.assert_array_equal(viz.lane_progress_counts(graph, schedule, block), expected)
-    fig = viz.lane_progress(graph, schedule, block, names)
-    render(fig)
-    ax = fig.axes[0]
-    assert len(ax.lines) == len(X)
-    for line, row in zip(ax.lines, expected):
-        np.testing.assert_array_equal(line.get_ydata(), row)
-        np.testing.assert_array_equal(line.get_xdata(), np.arange(schedule.steps))
-    assert ax.get_xlabel() == "VM step" and ax.get_title().startswith(names[block])
-    assert legend_texts(ax) == [f"lane {k}" for k in range(len(X))]
+def test_lane_progress_matches_a_lane_by_lane_replay(chains, names, name):
+    trace = fib.with_schedule(name).trace(X, per_lane=True)
+    assert not trace.truncated
+    for block in (0, 2):
+        expected = lane_by_lane_counts(chains, trace.blocks.tolist(), block)
+        assert expected[:, -1].tolist() == [c.count(block) for c in chains]
+        fig = viz.lane_progress(trace, block, names)
+        render(fig)
+        ax = fig.axes[0]
+        assert len(ax.lines) == len(X)
+        for line, row in zip(ax.lines, expected):
+            np.testing.assert_array_equal(line.get_ydata(), row)
+            np.testing.assert_array_equal(line.get_xdata(), np.arange(trace.steps))
+        assert ax.get_xlabel() == "VM step" and ax.get_title().startswith(names[block])
+        assert legend_texts(ax) == [f"lane {k}" for k in range(len(X))]
 
 
-def test_lane_progress_of_a_device_recording():
-    rec = fsm.Recorded("depth")
-    _, status = fib.with_schedule(rec).checked(X)
-    graph, schedule = rec.graph(), rec.schedule()
-    counts = viz.lane_progress_counts(graph, schedule, 0)
-    assert counts.shape == (len(X), int(status.steps))
-    assert counts[:, -1].tolist() == [t.blocks.count(0) for t in fib.trace(X)]   # calls of fib per example
+def test_lane_progress_into_an_axes_and_of_a_truncated_trace():
+    trace = fib.trace(X, steps=10, per_lane=True)
+    assert trace.truncated and trace.steps == 10
     fig = Figure()
-    assert viz.lane_progress(graph, schedule, 0, ax=fig.add_subplot(), title="calls") is fig
+    assert viz.lane_progress(trace, 0, ax=fig.add_subplot(), title="calls") is fig
     assert fig.axes[0].get_title() == "calls"
     render(fig)
+    ax = viz.lane_progress(trace, 0).axes[0]
+    assert f"first 10 of {trace.total} steps" in ax.get_title()
+    assert all(len(line.get_ydata()) == 10 for line in ax.lines)
 
 
-def test_lane_progress_rejects_dags_and_other_schedules(graph):
-    dag = fsm.ExecGraph.from_edges([0, 0, 1], [(0, 2), (1, 2)], 2)
-    with pytest.raises(ValueError, match="one chain"):
-        viz.lane_progress_counts(dag, fsm.simulate(dag, fsm.get_scheduler("earliest")), 1)
-    other = fsm.simulate(fsm.record(fib, jnp.array([2, 2])), fsm.get_scheduler("earliest"))
-    with pytest.raises(ValueError, match="node_step"):
-        viz.lane_progress_counts(graph, other, 0)
+def test_lane_progress_needs_the_per_lane_record():
+    with pytest.raises(ValueError, match="per_lane=True"):
+        viz.lane_progress(fib.trace(X), 0)
 
 
 def test_policy_graph_draws_every_state_and_transition(policy, names):

@@ -22,7 +22,6 @@ from pcbatch.fsm.baselines import BASELINES, Agenda, Depth, Earliest
 from pcbatch.fsm.graph import ExecGraph, lower_bound
 from pcbatch.fsm.policy import Policy
 from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
-from pcbatch.fsm.recording import Recorded
 from pcbatch.fsm.simulate import Schedule, Simulation, simulate
 
 
@@ -63,7 +62,7 @@ def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000,
 
 
 __all__ = [
-    "Agenda", "Auto", "Depth", "Earliest", "ReturnsLast", "ExecGraph", "Frontier", "Policy", "QConfig", "Recorded", "Schedule",
+    "Agenda", "Auto", "Depth", "Earliest", "ReturnsLast", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule",
     "Scheduler",
     "Simulation", "get_scheduler", "learn", "learn_from_graphs", "lower_bound", "record", "simulate",
 ]
