@@ -1,8 +1,10 @@
 """Plots of what the machine did: schedules, frontiers, policies, layouts.
 
 Every function takes the objects the rest of pcbatch returns (`fsm.Schedule`,
-`fsm.ExecGraph`, `fsm.Policy`, `pcbatch.ir.Trace`, `memory.PQTree`,
-`memory.LayoutResult`, a block of `f.layout_report(...)`) and returns a `matplotlib.figure.Figure`.  Figures are
+`fsm.ExecGraph`: from `fsm.record` and `fsm.simulate`; the `StepTrace` of a run
+on the device, `f.trace(...)`, wherever a schedule goes; `fsm.Policy`,
+`pcbatch.ir.Trace`, `memory.PQTree`, `memory.LayoutResult`, a block of
+`f.layout_report(...)`) and returns a `matplotlib.figure.Figure`.  Figures are
 made without pyplot and carry an Agg canvas, so they work headless (no display,
 any backend) and never pile up in pyplot's figure registry; in Jupyter a
 returned figure is shown as the cell's value (run ``%matplotlib inline`` first).
@@ -39,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from pcbatch.ir.core import StackProgram
     from pcbatch.ir.interpret import Trace
     from pcbatch.memory import BlockLayout, LayoutResult, PQNode, PQTree
+    from pcbatch.runtime.steps import StepTrace
 
 __all__ = [
     "block_colour",
@@ -46,6 +49,7 @@ __all__ = [
     "compare_schedules",
     "frontier_size",
     "frontier_sizes",
+    "lane_progress",
     "layout_before_after",
     "policy_graph",
     "pq_tree",
@@ -306,6 +310,53 @@ def frontier_size(
         ax.legend(fontsize="small", loc="upper right")
     ax.set_title("frontier: distinct blocks with a ready lane" if overlay else
                  f"frontier: mean {mean:.2f} ready blocks per step")
+    return fig
+
+
+# ------------------------------------------------------------------ lanes
+def lane_progress(
+    trace: StepTrace,
+    block: int,
+    block_names: Sequence[str] | None = None,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Per lane, how many times it has run `block`, against the VM step: one
+    step line per lane (`trace.runs(block)`). Lanes that advance together
+    overlap; lanes that drift apart fan out. For NUTS, with `block` the one
+    that ends a transition, this is each chain's transition count over the
+    run: chains desynchronize.
+
+    `trace` is a run recorded with each lane's pc, `f.trace(*args, per_lane=True)`.
+
+    >>> import jax.numpy as jnp, pcbatch, pcbatch.viz as viz
+    >>> @pcbatch.autobatch(fork=False)
+    ... def fib(n):
+    ...     return n if n <= 1 else fib(n - 1) + fib(n - 2)
+    >>> trace = fib.trace(jnp.array([3, 7, 4, 5]), per_lane=True)
+    >>> fig = viz.lane_progress(trace, block=0)   # b0: calls of fib
+    >>> [int(line.get_ydata()[-1]) for line in fig.axes[0].lines]
+    [5, 41, 9, 15]
+    """
+    counts = trace.runs(block)
+    fig, ax = _figure(ax, (8, 3))
+    steps = np.arange(trace.steps)
+    for lane, row in enumerate(counts):
+        ax.step(steps, row, where="post", linewidth=1, label=f"lane {lane}")
+    ax.set_xlim(0, max(trace.steps, 1))
+    ax.set_ylim(0, max(int(counts.max()) if counts.size else 0, 1) * 1.05)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("VM step")
+    name = _name(block_names, block)
+    ax.set_ylabel(f"runs of b{block}")
+    ax.grid(alpha=0.3)
+    if title is None:
+        more = f", first {trace.steps} of {trace.total} steps" if trace.truncated else f", {trace.steps} steps"
+        title = f"{name}: runs per lane ({trace.num_lanes} lanes{more})"
+    ax.set_title(title)
+    if 0 < trace.num_lanes <= 10:
+        ax.legend(fontsize="small", loc="upper left", frameon=False)
     return fig
 
 

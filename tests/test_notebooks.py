@@ -27,7 +27,7 @@ def _nbformat():
 
 def test_there_are_notebooks():
     names = {p.name for p in NOTEBOOKS}
-    assert {"01_quickstart.ipynb", "02_schedules.ipynb"} <= names
+    assert {"01_quickstart.ipynb", "02_schedules.ipynb", "03_nuts.ipynb"} <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -185,6 +185,60 @@ def test_frontier_size_rejects_a_schedule_of_another_graph(graph):
         viz.frontier_sizes(other, fsm.simulate(graph, fsm.get_scheduler("earliest")))
 
 
+def lane_by_lane_counts(chains, types, block):
+    """Independent oracle: replay the step types on each example's block list
+    (every lane waiting at the step's block runs it), counting `block`."""
+    at, runs, out = [0] * len(chains), [0] * len(chains), []
+    for t in types:
+        for k, c in enumerate(chains):
+            if at[k] < len(c) and c[at[k]] == t:
+                runs[k] += t == block
+                at[k] += 1
+        out.append(list(runs))
+    assert at == [len(c) for c in chains], "the steps do not replay every example's blocks"
+    return np.asarray(out).T
+
+
+@pytest.fixture(scope="module")
+def chains():
+    return [t.blocks for t in fib.reference_trace(X)]   # each example's blocks, from the reference interpreter
+
+
+@pytest.mark.parametrize("name", ["earliest", "agenda"])
+def test_lane_progress_matches_a_lane_by_lane_replay(chains, names, name):
+    trace = fib.with_schedule(name).trace(X, per_lane=True)
+    assert not trace.truncated
+    for block in (0, 2):
+        expected = lane_by_lane_counts(chains, trace.blocks.tolist(), block)
+        assert expected[:, -1].tolist() == [c.count(block) for c in chains]
+        fig = viz.lane_progress(trace, block, names)
+        render(fig)
+        ax = fig.axes[0]
+        assert len(ax.lines) == len(X)
+        for line, row in zip(ax.lines, expected):
+            np.testing.assert_array_equal(line.get_ydata(), row)
+            np.testing.assert_array_equal(line.get_xdata(), np.arange(trace.steps))
+        assert ax.get_xlabel() == "VM step" and ax.get_title().startswith(names[block])
+        assert legend_texts(ax) == [f"lane {k}" for k in range(len(X))]
+
+
+def test_lane_progress_into_an_axes_and_of_a_truncated_trace():
+    trace = fib.trace(X, steps=10, per_lane=True)
+    assert trace.truncated and trace.steps == 10
+    fig = Figure()
+    assert viz.lane_progress(trace, 0, ax=fig.add_subplot(), title="calls") is fig
+    assert fig.axes[0].get_title() == "calls"
+    render(fig)
+    ax = viz.lane_progress(trace, 0).axes[0]
+    assert f"first 10 of {trace.total} steps" in ax.get_title()
+    assert all(len(line.get_ydata()) == 10 for line in ax.lines)
+
+
+def test_lane_progress_needs_the_per_lane_record():
+    with pytest.raises(ValueError, match="per_lane=True"):
+        viz.lane_progress(fib.trace(X), 0)
+
+
 def test_policy_graph_draws_every_state_and_transition(policy, names):
     fig = viz.policy_graph(policy, names)
     render(fig)
@@ -280,7 +334,7 @@ def test_stack_depth_histogram_counts_examples():
 
 def test_docstring_examples_run():
     failures, tried = doctest.testmod(viz, optionflags=doctest.ELLIPSIS)
-    assert tried >= 9 and failures == 0
+    assert tried >= 10 and failures == 0
 
 
 def test_import_pcbatch_does_not_import_matplotlib():
