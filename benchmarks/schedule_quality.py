@@ -80,15 +80,6 @@ WORKLOADS = {
 }
 
 
-def replay_policy(name: str, prog: Any, policy: fsm.Policy) -> Callable:
-    """The host twin of a device scheduler (what `fsm.simulate` replays)."""
-    if name == "fsm":
-        return policy
-    if name == "auto":
-        return fsm.ReturnsLast().for_program(prog) if prog.has_forks else fsm.Earliest()
-    return fsm.get_scheduler(name)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -123,7 +114,8 @@ def main() -> None:
             prog = w.model.lowered(tiny, *test)
             graph = fsm.record(w.model, tiny, *test)
             bound = fsm.lower_bound(graph)
-            steps = {s: fsm.simulate(graph, replay_policy(s, prog, policy)).steps for s in SCHEDULERS}
+            steps = {s: fsm.simulate(graph, fsm.get_scheduler(policy if s == "fsm" else s, prog)).steps
+                     for s in SCHEDULERS}
             best = min(steps[s] for s in SCHEDULERS if s != "fsm")
             step_rows.append([wname, str(batch), str(graph.num_nodes), *(str(steps[s]) for s in SCHEDULERS),
                               str(bound), f"{steps['fsm'] / bound:.3f}", f"{steps['agenda'] / steps['fsm']:.2f}x",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pcbatch.fsm.base import Auto, Frontier, ReturnsLast, Scheduler
+from pcbatch.fsm.base import Auto, Frontier, ReturnsLast, Scheduler, bind
 from pcbatch.fsm.baselines import BASELINES, Agenda, Depth, Earliest
 from pcbatch.fsm.graph import ExecGraph, lower_bound
 from pcbatch.fsm.policy import Policy
@@ -25,16 +25,19 @@ from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
 from pcbatch.fsm.simulate import Schedule, Simulation, simulate
 
 
-def get_scheduler(schedule: Any) -> Scheduler:
-    """A scheduler from its name, or the scheduler object itself."""
+def get_scheduler(schedule: Any, prog: Any = None) -> Scheduler:
+    """A scheduler from its name, or the scheduler object itself; with a
+    lowered program (`f.lowered(*args)`), specialised to it as the machine
+    does (`"auto"`, `"returns_last"`). Each is also its own host policy for
+    `simulate`."""
     if isinstance(schedule, str):
         named = {**BASELINES, "auto": Auto, "returns_last": ReturnsLast}
         if schedule not in named:
             raise ValueError(f"unknown schedule {schedule!r}; choose from {sorted(named)} or pass a scheduler")
-        return named[schedule]()
-    if not hasattr(schedule, "choose") or not hasattr(schedule, "init"):
+        schedule = named[schedule]()
+    elif not hasattr(schedule, "choose") or not hasattr(schedule, "init"):
         raise TypeError(f"schedule must be a name or have init() and choose(); got {schedule!r}")
-    return schedule
+    return schedule if prog is None else bind(schedule, prog)
 
 
 def record(f: Any, *sample_args: Any) -> ExecGraph:

@@ -51,6 +51,10 @@ class Earliest:
         # Halted lanes sit at num_blocks, so the minimum pc is the earliest ready block.
         return jnp.min(frontier.pc), carry
 
+    def __call__(self, sim: Any) -> int:
+        """The host twin (a policy for `fsm.simulate`)."""
+        return int(np.argmax(sim.counts > 0))
+
     def __repr__(self) -> str:
         return "Earliest()"
 

@@ -14,7 +14,9 @@ type of a new state (optimistic, as rewards lie in [-1, alpha - 1]), ε-greedy
 episodes with ε decaying per episode, n-step returns applied after each
 episode, and every `eval_every` episodes a greedy replay of all training graphs
 whose table is kept if it needs the fewest steps so far; training stops early
-once that is within `stop_ratio` of the lower bound.
+once that is within `stop_ratio` of the lower bound, or (our addition, for
+graphs whose bound is not reachable) after `patience` greedy replays without
+improvement.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class QConfig:
     eps_min: float = 0.05
     eval_every: int = 50  # episodes between greedy replays
     stop_ratio: float = 1.01  # stop once steps <= stop_ratio * lower bound
+    patience: int | None = None  # stop after this many greedy replays without a better table (None: never)
     max_states: int = 2048  # table size cap (the states the final replay visits are always kept)
 
 
@@ -76,7 +79,7 @@ def learn_from_graphs(
     visits: Counter[State] = Counter()
     bound = sum(lower_bound(g) for g in graphs)
     best_table: dict[State, int] = {}
-    best_steps = None
+    best_steps, stale = None, 0
     eps = config.eps_start
     bar = tqdm(range(trials), desc=f"fsm[{encoding}]", unit="episode", disable=not progress)
     episodes = 0
@@ -90,9 +93,11 @@ def learn_from_graphs(
             table = {s: int(np.argmax(v)) for s, v in q.items()}
             steps = _total_steps(graphs, Policy(num_types, encoding, table))
             if best_steps is None or steps < best_steps:
-                best_steps, best_table = steps, table
+                best_steps, best_table, stale = steps, table, 0
+            else:
+                stale += 1
             bar.set_postfix(steps=best_steps, bound=bound)
-            if best_steps <= config.stop_ratio * bound:
+            if best_steps <= config.stop_ratio * bound or (config.patience is not None and stale >= config.patience):
                 break
     bar.close()
 
