@@ -13,8 +13,10 @@ def block(x: Any) -> Any:
     return jax.block_until_ready(x)
 
 
-def time_calls(fns: dict[str, Callable[[], Any]], repeats: int, min_time: float = 0.0) -> dict[str, float]:
-    """Median wall time (s) of each `fn()`, after one excluded warm-up call each.
+def time_calls(fns: dict[str, Callable[[], Any]], repeats: int, min_time: float = 0.0,
+               warm: bool = False) -> dict[str, float]:
+    """Median wall time (s) of each `fn()`, after one excluded warm-up call each
+    (none with `warm=True`: the caller has called each one already).
 
     The functions are timed round-robin (repeat 1 of each, then repeat 2 of
     each, ...), so a change in background load hits them all alike. Each
@@ -22,7 +24,8 @@ def time_calls(fns: dict[str, Callable[[], Any]], repeats: int, min_time: float 
     and records the mean of those calls."""
     inner = {}
     for k, fn in fns.items():
-        block(fn())  # warm-up (compilation, caches): excluded
+        if not warm:
+            block(fn())  # warm-up (compilation, caches): excluded
         t0 = time.perf_counter()
         block(fn())
         one = time.perf_counter() - t0

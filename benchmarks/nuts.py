@@ -1,40 +1,78 @@
-"""Useful gradient evaluations per second of NUTS across many chains.
+"""Useful gradient evaluations per second of NUTS across many chains (issue 7).
 
-    python -m benchmarks.nuts                    # 1, 16, 128 chains (a few minutes on 2 CPU cores)
-    python -m benchmarks.nuts --chains 1,16,128,1024 --samples 20 --repeats 3
+    pip install -e '.[bench]'          # BlackJAX, NumPyro, matplotlib
+    pip install -e '.[bench,bench-tfp]' # and TensorFlow Probability's autobatched NUTS
+    python -m benchmarks.nuts          # both targets, 1, 16, 128, 1024 chains (10-15 minutes on 2 CPU cores)
+    python -m benchmarks.nuts --targets gaussian --chains 16,128 --samples 10 --repeats 2
+    python -m benchmarks.nuts --variants last,4   # also pcbatch's other configurations (slower)
 
-Target: a 100-d correlated Gaussian (a fixed random rotation of variances
-log-spaced in [0.1, 1]). For each number of chains it times, after a warm-up
-call (compilation excluded), `--samples` NUTS transitions per chain with
+Targets (`pcbatch.mcmc.targets`, Radul et al. 2020, section 4): (a) the 100-d
+correlated Gaussian (a fixed random rotation of variances log-spaced in
+[0.1, 1]), chains started from exact draws; (b) Bayesian logistic regression,
+100 regressors and 10,000 synthetic points, chains started from draws of the
+posterior's Laplace approximation (near stationarity, so no warm-up is needed
+in the timed calls). Fixed step size (the Gaussian 0.15; the regression 0.1,
+about what dual averaging to 0.8 acceptance finds), identity mass matrix,
+`max_tree_depth` 10, the NumPyro/BlackJAX U-turn criterion, no adaptation.
+For each number of chains it times (compilation excluded; median of
+`--repeats`, each at least 0.2 s of calls, the peers round-robin) `--samples`
+NUTS transitions per chain (default 10 on the Gaussian, 5 on the regression:
+its gradients cost 100x more; the whole default run takes about 10 minutes
+on a 2-core CPU under a load of 5-7, most of it compiling and TFP) with
 
-* **pcbatch**: `pcbatch.mcmc.nuts` (recursive single-chain NUTS, autobatched;
-  one program for all transitions, so chains desynchronize across trajectories);
-  with `leapfrogs_per_leaf=1` under `nuts.GradientLast` (`pcbatch/1/last`:
-  gradient steps wait for every running chain) and `nuts.GradientQuorum`
-  (`pcbatch/1`, the sampler's default: a gradient step once half the running
-  chains wait for one), and with
-  4 leapfrogs per leaf as Radul et al. did (`pcbatch/4`: other trajectories,
-  leaves of 4 steps of size step/4);
-* **blackjax**: BlackJAX's iterative NUTS, `jax.vmap` over chains, `lax.scan` over
-  transitions, all in one `jax.jit` (skipped with a message if BlackJAX is absent);
+* **pcbatch**: `pcbatch.mcmc.nuts` (recursive single-chain NUTS, autobatched:
+  one program for all transitions, so chains desynchronize across
+  trajectories), the sampler's default configuration (`GradientQuorum`: a
+  gradient step once half the running chains wait for one; one leapfrog step
+  per leaf). `--variants` adds `pcbatch/last` (`GradientLast`: every gradient
+  step waits for every running chain) and `pcbatch/4` (4 leapfrogs per leaf
+  as Radul et al. did: other trajectories, leaves of 4 steps of size step/4);
+* **blackjax**: BlackJAX's iterative NUTS, `jax.vmap` over chains, `lax.scan`
+  over transitions, all in one `jax.jit`;
+* **numpyro**: NumPyro's iterative NUTS kernel (`numpyro.infer.NUTS` on a
+  `potential_fn`, adaptation off) vectorized over chains as
+  `MCMC(..., chain_method="vectorized")` does it: `jax.vmap` of its `sample`,
+  `lax.scan` over transitions, one `jax.jit`;
+* **tfp**: TensorFlow Probability's program-counter autobatched NUTS
+  (`tfp.experimental.mcmc.NoUTurnSampler`, Radul et al.'s) in
+  `tfp.mcmc.sample_chain` under `tf.function(jit_compile=True)`. It is
+  Hoffman & Gelman's Algorithm 3 (slice sampling, the original U-turn check),
+  so its trajectories differ: the comparison is of gradients per second.
+  Each `sample_chain` step is one trajectory of every chain, so its rate does
+  not depend on the number of transitions: it runs at most `--tfp-samples`
+  (default 2), as it is slow;
 * **limit**: a `lax.fori_loop` over `vmap(grad(logdensity))` taking as many
-  gradient steps per chain as the pcbatch run's average chain: no control flow.
+  gradient steps per chain as pcbatch's average chain: no control flow.
 
-pcbatch/1 and BlackJAX run the same algorithm (same step size, mass matrix,
-`max_tree_depth`, NumPyro/BlackJAX U-turn criterion), so their gradient counts
-agree in distribution. "Useful" gradients are those the chains' trajectories
-need (`num_integration_steps`, summed); "utilization" is useful / executed
-gradient lanes: for pcbatch, executed = chains x (times the machine ran its
-leaf block) x leapfrogs per leaf (counted by a scheduler that reports its
-choices, in a separate untimed run); for the vmapped sampler, every transition
-runs until its slowest chain is done, so executed = chains x sum over
-transitions of the longest trajectory.
+Peers whose package is absent are skipped with a message. pcbatch, BlackJAX
+and NumPyro run the same algorithm (multinomial NUTS, same step size, mass
+matrix, `max_tree_depth` and U-turn criterion), so their gradient counts agree
+in distribution. "Useful" gradients are those the chains' trajectories need
+(`num_integration_steps`, NumPyro's `num_steps`, TFP's `leapfrogs_taken`,
+summed). "Utilization" is useful / executed gradient lanes (Radul et al.,
+Fig. 7): for pcbatch, executed = chains x (times the machine ran its leaf
+block) x 2 leaves per leaf block x leapfrogs per leaf, the leaf block counted
+by a scheduler that reports its choices, in a separate untimed run; for the
+vmapped samplers every transition runs until its slowest chain is done, so
+executed = chains x sum over transitions of the longest trajectory (a lower
+bound: a doubling's inner loop also waits for its slowest chain). TFP's is not
+counted.
+
+The figure (`--figure`): per target, useful gradients/s and utilization
+against the number of chains.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import functools
+import importlib
+import importlib.metadata
+import logging
+import os
 import platform
-import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -43,125 +81,338 @@ import numpy as np
 from benchmarks.common import fmt_rate, print_table, time_calls
 from pcbatch.mcmc import nuts, targets
 
-DIM = 100
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    title: str
+    target: targets.Target
+    step_size: float
+    samples: int          # default transitions per chain per timed call
 
 
-def correlated_gaussian(dim: int = DIM, seed: int = 0):
-    t = targets.correlated_gaussian(dim, seed)
-    return t.logdensity, t.cov
+def problem(name: str) -> Problem:
+    if name == "gaussian":
+        return Problem(name, "100-d correlated Gaussian", targets.correlated_gaussian(100), 0.15, 10)
+    if name == "logistic":
+        return Problem(name, "logistic regression, 100 regressors, 10,000 points",
+                       targets.logistic_regression(100, 10_000), 0.1, 5)
+    raise ValueError(f"unknown target {name!r} (gaussian, logistic)")
+
+
+@functools.lru_cache(maxsize=None)
+def _laplace(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Mode and covariance of the posterior's Laplace approximation (Newton's
+    method: the log density is concave)."""
+    t = problem(name).target
+    grad, hess = jax.jit(jax.grad(t.logdensity)), jax.jit(jax.hessian(t.logdensity))
+    at = lambda f, w: np.asarray(f(jnp.asarray(w, jnp.float32)), np.float64)
+    w = np.zeros(t.dim)
+    for _ in range(20):
+        w = w - np.linalg.solve(at(hess, w), at(grad, w))
+    return w, np.linalg.inv(-at(hess, w))
+
+
+def start_positions(p: Problem, chains: int) -> jax.Array:
+    if p.target.cov is not None:
+        return p.target.draws(chains, seed=chains)
+    mode, cov = _laplace(p.name)
+    z = np.random.default_rng(chains).standard_normal((chains, p.target.dim))
+    return jnp.asarray(mode + z @ np.linalg.cholesky(cov).T, jnp.float32)
+
+
+@dataclass
+class Run:
+    fn: Callable[[], Any]      # one timed call
+    useful: int                # gradient evaluations the trajectories need
+    executed: int | None       # gradient lanes run (None: not counted)
 
 
 class Counting:
     """Wraps a scheduler and reports each choice to the host (untimed runs only)."""
 
-    def __init__(self, inner):
+    def __init__(self, inner: Any):
         self.inner, self.name, self.counts = inner, f"{inner.name}+count", {}
 
-    def _record(self, block):
+    def _record(self, block: Any) -> None:
         b = int(block)
         self.counts[b] = self.counts.get(b, 0) + 1
 
-    def init(self, num_blocks, num_lanes):
+    def init(self, num_blocks: int, num_lanes: int) -> Any:
         return self.inner.init(num_blocks, num_lanes)
 
-    def choose(self, carry, frontier):
+    def choose(self, carry: Any, frontier: Any) -> tuple[jax.Array, Any]:
         block, carry = self.inner.choose(carry, frontier)
         jax.debug.callback(self._record, block, ordered=False)
         return block, carry
 
 
+PCBATCH_VARIANTS = {"": (1, "gradient_quorum"), "last": (1, "gradient_last"), "4": (4, "gradient_quorum")}
+
+
+def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth: int, variant: str) -> Run:
+    lpl, schedule = PCBATCH_VARIANTS[variant]
+    prog = nuts.sampler(p.target.logdensity, num_samples=samples, max_tree_depth=depth, leapfrogs_per_leaf=lpl,
+                        uturn_criterion="numpyro", schedule=schedule)
+    args = nuts.prepare(x0, keys, p.step_size / lpl, None, samples)[0]
+    out, status = prog.checked(*args)
+    if np.any(np.asarray(status.overflow)) or np.any(np.asarray(status.unfinished)):
+        raise RuntimeError("pcbatch: a chain overflowed its stacks or did not finish")
+    counter = Counting(prog.scheduler)
+    jax.block_until_ready(prog.with_schedule(counter).checked(*args))
+    jax.effects_barrier()   # every callback has reported
+    leaf = nuts.leaf_block(prog.lowered(*args))
+    executed = counter.counts.get(leaf, 0) * x0.shape[0] * lpl * 2   # two leaves per leaf block
+    return Run(lambda: prog.checked(*args), int(np.asarray(out.info.num_integration_steps).sum()), executed)
+
+
+def _vmapped(fn: Callable[[], Any], steps: np.ndarray) -> Run:
+    """A vmapped sampler's run from its `[transitions, chains]` gradient counts:
+    each transition runs until its slowest chain is done."""
+    return Run(fn, int(steps.sum()), int(steps.max(axis=1).sum()) * steps.shape[1])
+
+
+def blackjax_run(p: Problem, x0: jax.Array, samples: int, depth: int) -> Run:
+    import blackjax
+    kernel = blackjax.nuts(p.target.logdensity, step_size=p.step_size,
+                           inverse_mass_matrix=jnp.ones((p.target.dim,), jnp.float32), max_num_doublings=depth)
+
+    @jax.jit
+    def run(x0: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def one(state, k):
+            state, info = jax.vmap(kernel.step)(jax.random.split(k, x0.shape[0]), state)
+            return state, (state.position, info.num_integration_steps)
+        return jax.lax.scan(one, jax.vmap(kernel.init)(x0), jax.random.split(key, samples))[1]
+
+    fn = lambda: run(x0, jax.random.PRNGKey(1))
+    return _vmapped(fn, np.asarray(fn()[1]))
+
+
+def numpyro_run(p: Problem, x0: jax.Array, samples: int, depth: int) -> Run:
+    from numpyro.infer import NUTS
+    logdensity = p.target.logdensity
+    kernel = NUTS(potential_fn=lambda x: -logdensity(x), step_size=p.step_size,
+                  inverse_mass_matrix=jnp.ones((p.target.dim,), jnp.float32), adapt_step_size=False,
+                  adapt_mass_matrix=False, max_tree_depth=depth)
+
+    @jax.jit
+    def run(x0: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        # What NUTS.init does for batched keys, without rebinding the kernel's
+        # sample function to its vmap (that would nest a vmap per compilation).
+        keys = jax.random.split(key, x0.shape[0])
+        state = jax.vmap(lambda k, x: kernel.init(k, 0, x, (), {}))(keys, x0)
+        sample = jax.vmap(kernel.sample, in_axes=(0, None, None))
+
+        def one(state, _):
+            state = sample(state, (), {})
+            return state, (state.z, state.num_steps)
+        return jax.lax.scan(one, state, None, length=samples)[1]
+
+    fn = lambda: run(x0, jax.random.PRNGKey(1))
+    return _vmapped(fn, np.asarray(fn()[1]))
+
+
+def _tf_logdensity(p: Problem, tf: Any) -> Callable:
+    """The target's log density in TensorFlow, batched over chains (`[chains, dim] -> [chains]`)."""
+    d = p.target.data
+    if p.name == "gaussian":
+        prec = tf.constant(d["precision"])
+        return lambda x: -0.5 * tf.reduce_sum(x * tf.linalg.matmul(x, prec), axis=-1)
+    X, signs, scale = tf.constant(d["features"]), tf.constant(d["signs"]), float(d["prior_scale"])
+    return lambda w: (tf.reduce_sum(tf.math.log_sigmoid(signs * tf.linalg.matmul(w, X, transpose_b=True)), axis=-1)
+                      - 0.5 * tf.reduce_sum(w * w, axis=-1) / scale ** 2)
+
+
+def tfp_run(p: Problem, x0: jax.Array, samples: int, depth: int) -> Run:
+    import tensorflow as tf
+    import tensorflow_probability as tfp
+    for logger in (tf.get_logger(), logging.getLogger("absl")):   # deprecation notes from inside TFP
+        logger.setLevel(logging.ERROR)
+    # Its one_step takes no seed argument: the seed is the kernel's.
+    kernel = tfp.experimental.mcmc.NoUTurnSampler(_tf_logdensity(p, tf), step_size=p.step_size,
+                                                  max_tree_depth=depth, seed=1)
+
+    @tf.function(jit_compile=True)
+    def run(x: Any) -> Any:
+        return tfp.mcmc.sample_chain(samples, x, kernel=kernel, trace_fn=lambda _, r: r.leapfrogs_taken)
+
+    x = tf.constant(np.asarray(x0))
+    fn = lambda: run(x)[1].numpy()   # .numpy() waits for the result
+    taken = fn()                     # [transitions, chains], counted from the first transition
+    return Run(fn, int(taken[-1].sum()), None)
+
+
+def limit_run(p: Problem, x0: jax.Array, steps: int) -> Run:
+    grad = jax.grad(p.target.logdensity)
+
+    @jax.jit
+    def run(x: jax.Array) -> jax.Array:
+        return jax.lax.fori_loop(0, steps, lambda _, x: x + 1e-3 * jax.vmap(grad)(x), x)
+
+    jax.block_until_ready(run(x0))   # compiled before timing, like the others
+    chains = x0.shape[0]
+    return Run(lambda: run(x0), steps * chains, steps * chains)
+
+
+PEERS = ("blackjax", "numpyro", "tfp")
+PEER_RUNS = {"blackjax": blackjax_run, "numpyro": numpyro_run, "tfp": tfp_run}
+PEER_MODULES = {"blackjax": ("blackjax",), "numpyro": ("numpyro",), "tfp": ("tensorflow", "tensorflow_probability")}
+PEER_DISTS = {"blackjax": ("blackjax",), "numpyro": ("numpyro",), "tfp": ("tensorflow", "tensorflow-probability")}
+PEER_INSTALL = {"blackjax": "pip install -e '.[bench]'", "numpyro": "pip install -e '.[bench]'",
+                "tfp": "pip install -e '.[bench-tfp]'"}
+
+
+def available_peers(wanted: list[str]) -> list[str]:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's C++ warnings drown the tables
+    found = []
+    for peer in wanted:
+        try:
+            for module in PEER_MODULES[peer]:
+                importlib.import_module(module)
+        except ImportError as e:
+            print(f"{peer}: skipped ({e.name} is not installed: {PEER_INSTALL[peer]})")
+            continue
+        found.append(peer)
+    if found:
+        print("peers: " + ", ".join(f"{d} {importlib.metadata.version(d)}" for p in found for d in PEER_DISTS[p]))
+    return found
+
+
+# The issue's targets, against pcbatch's default configuration:
+# (chains, peer, least ratio of useful gradients/s).
+THROUGHPUT_TARGETS = ((128, "tfp", 10.0), (128, "blackjax", 2.0), (128, "limit", 0.4), (1, "blackjax", 0.5))
+UTILIZATION_TARGET = (128, 2.0)   # pcbatch's utilization over the vmapped samplers', at that many chains
+
+Results = dict[int, dict[str, tuple[float, Run, float]]]   # chains -> name -> (useful/s, run, seconds per call)
+
+
+def measure(p: Problem, chain_counts: list[int], names: list[str], peers: list[str], samples: int,
+            tfp_samples: int, depth: int, repeats: int) -> Results:
+    results: Results = {}
+    for chains in chain_counts:
+        x0 = start_positions(p, chains)
+        keys = jax.random.split(jax.random.PRNGKey(chains), chains)
+        runs = {f"pcbatch/{v}" if v else "pcbatch": pcbatch_run(p, x0, keys, samples, depth, v)
+                for v in names}
+        for peer in peers:
+            runs[peer] = PEER_RUNS[peer](p, x0, min(samples, tfp_samples) if peer == "tfp" else samples, depth)
+        runs["limit"] = limit_run(p, x0, max(1, runs["pcbatch"].useful // chains))
+        # Each ran once above (compiled); a repeat of the short calls (few chains) lasts 0.2 s.
+        times = time_calls({k: r.fn for k, r in runs.items()}, repeats, min_time=0.2, warm=True)
+        results[chains] = {k: (r.useful / times[k], r, times[k]) for k, r in runs.items()}
+        rates = ", ".join(f"{k} {fmt_rate(v[0])}/s" for k, v in results[chains].items())
+        print(f"  {p.name}, {chains} chains: {rates}", flush=True)
+    return results
+
+
+def utilization(run: Run) -> float:
+    return float("nan") if run.executed is None else run.useful / run.executed
+
+
+def report(p: Problem, results: Results) -> list[str]:
+    """Prints the tables; returns the verdict lines on the issue's targets."""
+    names = list(next(iter(results.values())))
+    ratios = [n for n in ("blackjax", "numpyro", "tfp", "limit") if n in names]
+    print(f"\n{p.title}: useful gradient evaluations per second (utilization = useful / executed gradient lanes)")
+    rows = []
+    for chains, r in results.items():
+        cells = [str(chains)]
+        for n in names:
+            u = utilization(r[n][1])
+            cells.append(f"{fmt_rate(r[n][0])}/s" + ("" if u != u else f" ({100 * u:.0f}%)"))
+        cells += [f"{r['pcbatch'][0] / r[n][0]:.2f}x" for n in ratios]
+        rows.append(cells)
+    print_table(["chains"] + names + [f"pcbatch : {n}" for n in ratios], rows)
+    print("per call: median wall time, useful gradients")
+    print_table(["chains"] + names, [[str(c)] + [f"{r[n][2] * 1e3:.1f} ms, {r[n][1].useful}" for n in names]
+                                     for c, r in results.items()])
+    verdicts = []
+    for chains, peer, least in THROUGHPUT_TARGETS:
+        if chains in results and peer in results[chains]:
+            ratio = results[chains]["pcbatch"][0] / results[chains][peer][0]
+            verdicts.append(f"{p.name}: {chains} chains, pcbatch : {peer} = {ratio:.2f}x (target >= {least}x): "
+                            + ("met" if ratio >= least else "NOT met"))
+    chains, least = UTILIZATION_TARGET
+    for ours in (n for n in names if n.startswith("pcbatch")):   # the variants' too, where run
+        for peer in ("blackjax", "numpyro"):
+            if chains in results and peer in results[chains]:
+                ratio = utilization(results[chains][ours][1]) / utilization(results[chains][peer][1])
+                verdicts.append(f"{p.name}: {chains} chains, utilization {ours} : {peer} = {ratio:.2f}x "
+                                f"(target >= {least}x): " + ("met" if ratio >= least else "NOT met"))
+    return verdicts
+
+
+def save_figure(path: str, measured: list[tuple[Problem, Results]]) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no figure")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(measured), 2, figsize=(11, 4 * len(measured)), squeeze=False)
+    for (p, results), (ax_rate, ax_util) in zip(measured, axes):
+        chain_counts = list(results)
+        for name in results[chain_counts[0]]:
+            rate = [results[c][name][0] for c in chain_counts]
+            ax_rate.plot(chain_counts, rate, "o-", label=name)
+            util = [utilization(results[c][name][1]) for c in chain_counts]
+            if name != "limit" and not all(u != u for u in util):
+                ax_util.plot(chain_counts, [100 * u for u in util], "o-", label=name)
+        ax_rate.set(xscale="log", yscale="log", xlabel="chains", ylabel="useful gradients / s", title=p.title)
+        ax_util.set(xscale="log", ylim=(0, 105), xlabel="chains", ylabel="gradient-lane utilization (%)",
+                    title=f"{p.name}: useful / executed gradient lanes")
+        for ax in (ax_rate, ax_util):
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"figure saved to {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--chains", default="1,16,128")
-    ap.add_argument("--samples", type=int, default=20, help="transitions per chain per timed call")
+    ap.add_argument("--targets", default="gaussian,logistic")
+    ap.add_argument("--chains", default="1,16,128,1024")
+    ap.add_argument("--samples", type=int, default=None,
+                    help="transitions per chain per timed call (default: 10 on the Gaussian, 5 on the regression)")
+    ap.add_argument("--tfp-samples", type=int, default=2,
+                    help="at most this many transitions per call for TFP (its rate does not depend on it)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--step-size", type=float, default=0.15)
     ap.add_argument("--max-tree-depth", type=int, default=10)
+    ap.add_argument("--peers", default=",".join(PEERS), help="of " + ", ".join(PEERS))
+    ap.add_argument("--variants", default="", help="pcbatch configurations besides the default: last, 4")
+    ap.add_argument("--figure", default="nuts_benchmark.png", help="where to save the figure ('' for none)")
     args = ap.parse_args()
     chain_counts = [int(c) for c in args.chains.split(",")]
+    variants = [""] + [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in PCBATCH_VARIANTS] + [
+        p for p in args.peers.split(",") if p and p not in PEERS]
+    if unknown:
+        raise SystemExit(f"unknown variant or peer: {', '.join(unknown)}")
+    problems = [problem(name) for name in args.targets.split(",")]
+    peers = available_peers([p for p in args.peers.split(",") if p])
 
-    try:
-        import blackjax
-    except ImportError:
-        blackjax = None
-        print("blackjax is not installed (pip install blackjax): its column is skipped")
+    print(f"NUTS: step sizes {', '.join(f'{p.name} {p.step_size}' for p in problems)}, identity mass matrix, "
+          f"max tree depth {args.max_tree_depth}; median of {args.repeats}")
+    print(f"{datetime.datetime.now():%Y-%m-%d %H:%M}, jax {jax.__version__} on {jax.devices()[0].platform} "
+          f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores), "
+          f"load average {os.getloadavg()[0]:.1f}")
+    measured, verdicts = [], []
+    for p in problems:
+        samples = args.samples or p.samples
+        print(f"{p.title}: {samples} transitions per chain per call")
+        measured.append((p, measure(p, chain_counts, variants, peers, samples, args.tfp_samples,
+                                    args.max_tree_depth, args.repeats)))
+    for p, results in measured:
+        verdicts += report(p, results)
+    print("\nissue 7's targets (throughput: pcbatch's default configuration):")
+    for line in verdicts:
+        print("  " + line)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    if args.figure:
+        save_figure(args.figure, measured)
 
-    logdensity, cov = correlated_gaussian()
-    chol = np.linalg.cholesky(cov)
-    inv_mass = jnp.ones((DIM,), jnp.float32)
-    eps, depth, S = args.step_size, args.max_tree_depth, args.samples
-    print(f"NUTS on a {DIM}-d correlated Gaussian; step size {eps}, max tree depth {depth}, "
-          f"{S} transitions per chain per call, median of {args.repeats}")
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({platform.processor() or platform.machine()})")
-
-    grad = jax.grad(logdensity)
-
-    def limit_fn(x0, steps):
-        @jax.jit
-        def run(x):
-            def body(_, x):
-                return x + 1e-3 * jax.vmap(grad)(x)
-            return jax.lax.fori_loop(0, steps, body, x)
-        return lambda: run(x0)
-
-    rows = []
-    for chains in chain_counts:
-        x0 = jnp.asarray(np.random.default_rng(chains).standard_normal((chains, DIM)) @ chol.T, jnp.float32)
-        keys = jax.random.split(jax.random.PRNGKey(chains), chains)
-        fns, useful, executed = {}, {}, {}
-        for lpl, sched in ((1, "gradient_last"), (1, "gradient_quorum"), (4, "gradient_quorum")):
-            name = f"pcbatch/{lpl}" + ("/last" if sched == "gradient_last" else "")
-            prog = nuts.sampler(logdensity, num_samples=S, max_tree_depth=depth, leapfrogs_per_leaf=lpl,
-                                uturn_criterion="numpyro", schedule=sched)
-            pargs = nuts.prepare(x0, keys, eps / lpl if lpl > 1 else eps, inv_mass, S)[0]
-            fns[name] = (lambda p, a: (lambda: p.checked(*a)))(prog, pargs)
-            out, _ = fns[name]()
-            useful[name] = int(np.asarray(out.info.num_integration_steps).sum())
-            counter = Counting(prog.scheduler)
-            counted = prog.with_schedule(counter)
-            jax.block_until_ready(counted.checked(*pargs))
-            leaf = nuts.leaf_block(prog.lowered(*pargs))
-            # each leaf-block step evaluates two leaves (the bottom of the tree) per lane
-            executed[name] = counter.counts.get(leaf, 0) * chains * lpl * 2
-        if blackjax is not None:
-            kernel = blackjax.nuts(logdensity, step_size=eps, inverse_mass_matrix=inv_mass,
-                                   max_num_doublings=depth)
-
-            @jax.jit
-            def bj(x0, key):
-                def one(state, k):
-                    state, info = jax.vmap(kernel.step)(jax.random.split(k, x0.shape[0]), state)
-                    return state, (state.position, info.num_integration_steps)
-                _, out = jax.lax.scan(one, jax.vmap(kernel.init)(x0), jax.random.split(key, S))
-                return out
-
-            fns["blackjax"] = (lambda f, a, k: (lambda: f(a, k)))(bj, x0, jax.random.PRNGKey(1))
-            steps = np.asarray(fns["blackjax"]()[1])          # [S, chains]
-            useful["blackjax"] = int(steps.sum())
-            executed["blackjax"] = int(steps.max(axis=1).sum()) * chains
-        per_chain = max(1, useful["pcbatch/1"] // chains)
-        fns["limit"] = limit_fn(x0, per_chain)
-        useful["limit"] = executed["limit"] = per_chain * chains
-        times = time_calls(fns, args.repeats)
-        rows.append((chains, {k: (useful[k] / times[k], useful[k] / executed[k], times[k], useful[k]) for k in fns}))
-
-    names = [n for n in ("pcbatch/1/last", "pcbatch/1", "pcbatch/4", "blackjax", "limit") if n in rows[0][1]]
-    print()
-    print("useful gradient evaluations per second (utilization = useful / executed gradient lanes)")
-    headers = ["chains"] + names + (["pcbatch/1 : blackjax", "pcbatch/1 : limit"] if "blackjax" in names
-                                    else ["pcbatch/1 : limit"])
-    table = []
-    for chains, r in rows:
-        cells = [str(chains)] + [f"{fmt_rate(r[n][0])}/s ({100 * r[n][1]:.0f}%)" for n in names]
-        if "blackjax" in names:
-            cells.append(f"{r['pcbatch/1'][0] / r['blackjax'][0]:.2f}x")
-        cells.append(f"{r['pcbatch/1'][0] / r['limit'][0]:.2f}x")
-        table.append(cells)
-    print_table(headers, table)
-    print()
-    print("per call: median wall time, useful gradients")
-    print_table(["chains"] + names,
-                [[str(c)] + [f"{r[n][2] * 1e3:.1f} ms, {r[n][3]}" for n in names] for c, r in rows])
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,9 @@
 
 Each returns a `Target`: a `logdensity(x)` for one point (the same function
 object on every call with the same arguments, so compiled samplers are reused),
-its dimension, and, where known, the exact mean and covariance.
+its dimension, where known the exact mean and covariance, and the arrays the
+log density closes over (so that a benchmark can write the same density in
+another framework).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class Target(NamedTuple):
     dim: int
     mean: np.ndarray | None = None   # exact, where known
     cov: np.ndarray | None = None
+    data: dict[str, np.ndarray] | None = None  # what `logdensity` closes over, as numpy arrays
 
     def draws(self, n: int, seed: int = 0) -> jax.Array:
         """`n` exact draws (Gaussian targets), e.g. to start chains at stationarity."""
@@ -43,12 +46,13 @@ def correlated_gaussian(dim: int = 100, seed: int = 0, min_variance: float = 0.1
     rng = np.random.default_rng(seed)
     q, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
     cov = (q * np.logspace(np.log10(min_variance), np.log10(max_variance), dim)) @ q.T
-    prec = jnp.asarray(np.linalg.inv(cov), jnp.float32)
+    precision = np.linalg.inv(cov).astype(np.float32)
+    prec = jnp.asarray(precision)
 
     def logdensity(x):
         return -0.5 * x @ (prec @ x)
 
-    return Target(logdensity, dim, np.zeros(dim), cov)
+    return Target(logdensity, dim, np.zeros(dim), cov, {"precision": precision})
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,11 +66,12 @@ def logistic_regression(num_regressors: int = 100, num_points: int = 10_000, see
     features = rng.standard_normal((num_points, num_regressors)) / np.sqrt(num_regressors)
     w_true = prior_scale * rng.standard_normal(num_regressors)
     labels = rng.random(num_points) < 1.0 / (1.0 + np.exp(-features @ w_true))
-    X = jnp.asarray(features, jnp.float32)
-    signs = jnp.asarray(np.where(labels, 1.0, -1.0), jnp.float32)
+    data = {"features": features.astype(np.float32), "signs": np.where(labels, 1.0, -1.0).astype(np.float32),
+            "prior_scale": np.float32(prior_scale)}
+    X, signs = jnp.asarray(data["features"]), jnp.asarray(data["signs"])
 
     def logdensity(w):
         # log sigmoid(y * x.w) summed over the data, plus the Gaussian prior.
         return jnp.sum(jax.nn.log_sigmoid(signs * (X @ w))) - 0.5 * jnp.sum(w * w) / prior_scale ** 2
 
-    return Target(logdensity, num_regressors)
+    return Target(logdensity, num_regressors, data=data)
