@@ -128,25 +128,6 @@ class Run:
     executed: int | None       # gradient lanes run (None: not counted)
 
 
-class Counting:
-    """Wraps a scheduler and reports each choice to the host (untimed runs only)."""
-
-    def __init__(self, inner: Any):
-        self.inner, self.name, self.counts = inner, f"{inner.name}+count", {}
-
-    def _record(self, block: Any) -> None:
-        b = int(block)
-        self.counts[b] = self.counts.get(b, 0) + 1
-
-    def init(self, num_blocks: int, num_lanes: int) -> Any:
-        return self.inner.init(num_blocks, num_lanes)
-
-    def choose(self, carry: Any, frontier: Any) -> tuple[jax.Array, Any]:
-        block, carry = self.inner.choose(carry, frontier)
-        jax.debug.callback(self._record, block, ordered=False)
-        return block, carry
-
-
 PCBATCH_VARIANTS = {"": (1, "gradient_quorum"), "last": (1, "gradient_last"), "4": (4, "gradient_quorum")}
 
 
@@ -158,11 +139,9 @@ def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth:
     out, status = prog.checked(*args)
     if np.any(np.asarray(status.overflow)) or np.any(np.asarray(status.unfinished)):
         raise RuntimeError("pcbatch: a chain overflowed its stacks or did not finish")
-    counter = Counting(prog.scheduler)
-    jax.block_until_ready(prog.with_schedule(counter).checked(*args))
-    jax.effects_barrier()   # every callback has reported
+    trace = prog.trace(*args, steps=int(status.steps))  # the same run, each step's block recorded in the loop
     leaf = nuts.leaf_block(prog.lowered(*args))
-    executed = counter.counts.get(leaf, 0) * x0.shape[0] * lpl * 2   # two leaves per leaf block
+    executed = int(np.sum(trace.blocks == leaf)) * x0.shape[0] * lpl * 2   # two leaves per leaf block
     return Run(lambda: prog.checked(*args), int(np.asarray(out.info.num_integration_steps).sum()), executed)
 
 
