@@ -80,6 +80,33 @@ WORKLOADS = {
 }
 
 
+def choose_cost(scheduler: Any, num_blocks: int, lanes: int, steps: int = 2000, repeats: int = 5) -> float:
+    """Seconds per step that `scheduler.choose` adds to a jitted loop whose
+    every step makes a new frontier (`lanes` lanes over `num_blocks` blocks),
+    against the same loop choosing nothing."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    def loop(choose: bool):
+        @jax.jit
+        def run(seed):
+            lane = jnp.arange(lanes, dtype=jnp.int32)
+
+            def body(i, acc):
+                pc = (lane * 7 + i * 3 + seed) % (num_blocks + 1)  # num_blocks: halted
+                counts = jnp.zeros((num_blocks,), jnp.int32).at[pc].add(1, mode="drop")
+                frontier = fsm.Frontier(pc, counts, (lane + i) % 5)
+                if not choose:
+                    return acc + counts[0] + pc[0]
+                block, _ = scheduler.choose(scheduler.init(num_blocks, lanes), frontier)
+                return acc + block + counts[0] + pc[0]
+            return lax.fori_loop(0, steps, body, jnp.int32(0))
+        return lambda: run(jnp.int32(1))
+
+    times = time_calls({"with": loop(True), "without": loop(False)}, repeats)
+    return max(times["with"] - times["without"], 0.0) / steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -94,7 +121,7 @@ def main() -> None:
     repeats = 3 if args.quick else args.repeats
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({platform.processor() or platform.machine()})")
 
-    step_rows, time_rows, train_rows = [], [], []
+    step_rows, time_rows, train_rows, cost_rows = [], [], [], []
     for wname in args.workloads.split(","):
         w = WORKLOADS[wname]
         tiny = w.init(4)  # executions do not depend on the hidden size: record cheaply
@@ -120,6 +147,10 @@ def main() -> None:
             step_rows.append([wname, str(batch), str(graph.num_nodes), *(str(steps[s]) for s in SCHEDULERS),
                               str(bound), f"{steps['fsm'] / bound:.3f}", f"{steps['agenda'] / steps['fsm']:.2f}x",
                               f"{best / steps['fsm']:.2f}x"])
+            if batch == batches[0]:
+                cost_rows.append([wname, str(prog.num_blocks), str(len(policy.states))] + [
+                    fmt_time(choose_cost(fsm.get_scheduler(policy if s == "fsm" else s, prog), prog.num_blocks, batch))
+                    for s in ("earliest", "depth", "agenda", "fsm")])
             if args.skip_time:
                 continue
             params = w.init(args.hidden)
@@ -141,6 +172,9 @@ def main() -> None:
     print("\nVM steps on unseen batches (replay of the recorded executions)")
     print_table(["workload", "batch", "nodes", *SCHEDULERS, "bound", "fsm/bound", "agenda/fsm", "best other/fsm"],
                 step_rows)
+    print(f"\nPer-step cost of choosing the block inside the loop ({batches[0]} lanes; the fsm row is its"
+          " table lookup: state key, compare against every row)")
+    print_table(["workload", "blocks", "fsm states", "earliest", "depth", "agenda", "fsm"], cost_rows)
     if time_rows:
         print(f"\nWall clock, hidden {args.hidden}: examples per second (machine steps); * fastest")
         print_table(["workload", "batch", *SCHEDULERS, "fsm wall", "agenda/fsm time"], time_rows)
