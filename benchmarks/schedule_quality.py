@@ -173,7 +173,7 @@ def main() -> None:
     print_table(["workload", "batch", "nodes", *SCHEDULERS, "bound", "fsm/bound", "agenda/fsm", "best other/fsm"],
                 step_rows)
     print(f"\nPer-step cost of choosing the block inside the loop ({batches[0]} lanes; the fsm row is its"
-          " table lookup: state key, compare against every row)")
+          " table lookup: the state key, hashed, a binary search, one row compared)")
     print_table(["workload", "blocks", "fsm states", "earliest", "depth", "agenda", "fsm"], cost_rows)
     if time_rows:
         print(f"\nWall clock, hidden {args.hidden}: examples per second (machine steps); * fastest")

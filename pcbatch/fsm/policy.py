@@ -10,8 +10,9 @@ The state is an encoding of which blocks have ready lanes:
 On the host a state is a tuple of block indices.  On the device it is the same
 tuple padded with ``num_types`` to a fixed width, computed from
 `Frontier.counts` (one argsort) and matched exactly against the rows of a
-table compiled into the program: a ``[rows, width]`` int32 compare per VM
-step, no host round trip, any number of blocks.
+table compiled into the program: the key is hashed (uint32), found by binary
+search among the table's sorted hashes and checked against that one row, so a
+step costs O(log rows), with no host round trip, for any number of blocks.
 
 A state missing from the table falls back to the earliest ready block (as does
 a table action that is not ready, which a valid table never has).  Entries
@@ -62,6 +63,20 @@ def encode_state_device(counts: jax.Array, encoding: str) -> jax.Array:
     if encoding == "max":
         key = jnp.concatenate([jnp.argmax(counts)[None].astype(jnp.int32), key])
     return key
+
+
+# Odd multipliers for the state hash, tried in turn until a table's hashes are distinct.
+_MULTIPLIERS = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1, 0xD3A2646C | 1, 0xFD7046C5, 0xB55A4F09)
+
+
+def _hash(keys: Any, mult: Any) -> Any:
+    """uint32 polynomial hash of the last axis of int32 `keys` (NumPy or JAX,
+    the same wrapping arithmetic on both)."""
+    xp = jnp if isinstance(keys, jax.Array) else np
+    h = xp.zeros(keys.shape[:-1], xp.uint32)
+    for k in range(keys.shape[-1]):
+        h = (h * mult + keys[..., k].astype(xp.uint32) + xp.uint32(1)) & xp.uint32(0xFFFFFFFF)
+    return h
 
 
 def key_width(num_types: int, encoding: str) -> int:
@@ -118,15 +133,22 @@ class Policy:
     # -- device side (the `Scheduler` protocol) --------------------------------
 
     @cached_property
-    def _device_table(self) -> tuple[np.ndarray, np.ndarray]:
+    def _device_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.uint32]:
+        """(hashes, keys, actions, multiplier): the entries' state keys, sorted by hash."""
         # Entries choosing the earliest ready block, min(state), are left out.
         rows = [(s, a) for s, a in zip(self.states, self.actions) if a != min(s)]
-        keys = np.full((len(rows) + 1, key_width(self.num_types, self.encoding)), self.num_types, np.int32)
+        keys = np.full((len(rows), key_width(self.num_types, self.encoding)), self.num_types, np.int32)
         for i, (state, _) in enumerate(rows):
             keys[i, : len(state)] = state
-        # A final row of -1 never matches, so an empty table still has a row.
-        keys[-1] = -1
-        return keys, np.asarray([a for _, a in rows] + [0], np.int32)
+        actions = np.asarray([a for _, a in rows], np.int32)
+        # A multiplier under which no two entries' hashes collide (a collision
+        # would only send one of them to the fallback, but there is no need).
+        for mult in _MULTIPLIERS:
+            hashes = _hash(keys, np.uint32(mult))
+            if np.unique(hashes).size == hashes.size:
+                break
+        order = np.argsort(hashes, kind="stable")
+        return hashes[order], keys[order], actions[order], np.uint32(mult)
 
     def init(self, num_blocks: int, num_lanes: int) -> Any:
         if num_blocks != self.num_types:
@@ -135,13 +157,17 @@ class Policy:
 
     def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:
         counts = frontier.counts
-        keys, actions = self._device_table
+        earliest = jnp.argmax(counts > 0).astype(jnp.int32)
+        hashes, keys, actions, mult = self._device_table
+        if not len(hashes):
+            return earliest, carry
+        # The state's key, hashed, then a binary search and one row compared:
+        # O(log entries) per step, not a compare against every entry.
         key = encode_state_device(counts, self.encoding)
-        match = jnp.all(jnp.asarray(keys) == key[None, :], axis=1)
-        row = jnp.argmax(match)
+        h = _hash(key, jnp.uint32(mult))
+        row = jnp.minimum(jnp.searchsorted(jnp.asarray(hashes), h), len(hashes) - 1)
         block = jnp.asarray(actions)[row]
-        earliest = jnp.argmax(counts > 0)
-        ok = match[row] & (counts[block] > 0)
+        ok = (jnp.asarray(hashes)[row] == h) & jnp.all(jnp.asarray(keys)[row] == key) & (counts[block] > 0)
         return jnp.where(ok, block, earliest).astype(jnp.int32), carry
 
     # -- inspection and persistence ----------------------------------------------
