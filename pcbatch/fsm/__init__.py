@@ -66,6 +66,5 @@ def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000,
 
 __all__ = [
     "Agenda", "Auto", "Depth", "Earliest", "ReturnsLast", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule",
-    "Scheduler",
-    "Simulation", "get_scheduler", "learn", "learn_from_graphs", "lower_bound", "record", "simulate",
+    "Scheduler", "Simulation", "get_scheduler", "learn", "learn_from_graphs", "lower_bound", "record", "simulate",
 ]

@@ -75,7 +75,7 @@ def _hash(keys: Any, mult: Any) -> Any:
     xp = jnp if isinstance(keys, jax.Array) else np
     h = xp.zeros(keys.shape[:-1], xp.uint32)
     for k in range(keys.shape[-1]):
-        h = (h * mult + keys[..., k].astype(xp.uint32) + xp.uint32(1)) & xp.uint32(0xFFFFFFFF)
+        h = h * mult + keys[..., k].astype(xp.uint32) + xp.uint32(1)  # wraps modulo 2**32
     return h
 
 
