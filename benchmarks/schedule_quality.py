@@ -39,7 +39,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 import pcbatch.fsm as fsm
 from benchmarks.common import fmt_rate, fmt_time, print_table, time_calls
@@ -84,9 +86,6 @@ def choose_cost(scheduler: Any, num_blocks: int, lanes: int, steps: int = 2000, 
     """Seconds per step that `scheduler.choose` adds to a jitted loop whose
     every step makes a new frontier (`lanes` lanes over `num_blocks` blocks),
     against the same loop choosing nothing."""
-    import jax.numpy as jnp
-    from jax import lax
-
     def loop(choose: bool):
         @jax.jit
         def run(seed):

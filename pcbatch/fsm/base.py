@@ -77,17 +77,20 @@ class ReturnsLast:
     def init(self, num_blocks: int, num_lanes: int) -> Any:
         return ()
 
+    def _rank(self, n: int) -> np.ndarray:
+        """Each block's rank among ready ones: returning blocks after all others."""
+        returns = np.asarray(self.returns if self.returns is not None else (False,) * n)
+        return np.arange(n) + returns * n
+
     def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:
         n = frontier.counts.shape[0]
-        later = jnp.asarray(self.returns if self.returns is not None else (False,) * n) * n
-        key = jnp.where(frontier.counts > 0, jnp.arange(n) + later, 2 * n)
+        key = jnp.where(frontier.counts > 0, jnp.asarray(self._rank(n)), 2 * n)
         return jnp.argmin(key).astype(jnp.int32), carry
 
     def __call__(self, sim: Any) -> int:
         """The host twin (a policy for `fsm.simulate`)."""
         n = sim.counts.shape[0]
-        later = np.asarray(self.returns if self.returns is not None else (False,) * n) * n
-        return int(np.argmin(np.where(sim.counts > 0, np.arange(n) + later, 2 * n)))
+        return int(np.argmin(np.where(sim.counts > 0, self._rank(n), 2 * n)))
 
     def __repr__(self) -> str:
         return "ReturnsLast()"

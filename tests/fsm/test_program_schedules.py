@@ -79,6 +79,11 @@ def tree_case():
     return nary.nary_tree_lstm.with_options(**WIDE), (params, trees, trees.root)
 
 
+def assert_close(got, want):
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
 def _fork_cases(tree_case):
     return {"fib": (fib_forked, (jnp.array([0, 3, 6, 4, 5, 1]),)), "tree_lstm": tree_case}
 
@@ -108,8 +113,7 @@ def test_forked_programs_match_the_dag_simulation(case, tree_case):
                        ("returns_last", returns_last), ("fsm", policy)]:
         g = f.with_schedule(policy if name == "fsm" else name)
         got, status = g.checked(*args)
-        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        assert_close(got, want)
         sim = fsm.simulate(graph, host)
         assert sim.sizes.max() <= WIDE["lane_width"]  # else the device takes more steps
         assert int(status.steps) == sim.steps, name
@@ -139,8 +143,7 @@ def test_trace_of_a_narrow_pool_counts_the_lanes_each_step_ran(tree_case):
     np.testing.assert_array_equal(trace.lanes, np.minimum(trace.counts[np.arange(trace.steps), trace.blocks], 4))
     got, status = g.checked(*args)
     assert not status.unfinished.any() and int(status.steps) == trace.total
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(f.reference(*args))):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert_close(got, f.reference(*args))
 
 
 @pytest.mark.parametrize("name", ["depth", "agenda", "returns_last"])
@@ -148,8 +151,7 @@ def test_schedules_under_pool_pressure_finish_every_example(name, tree_case):
     f, args = tree_case
     got, status = f.with_options(max_lanes=24, lane_width=4, schedule=name).checked(*args)
     assert not status.unfinished.any() and not status.overflow.any()
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(f.reference(*args))):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert_close(got, f.reference(*args))
 
 
 @pytest.mark.parametrize("f,x", CASES, ids=["fib", "collatz"])
