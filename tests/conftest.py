@@ -2,6 +2,16 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# JAX's persistent compilation cache: a second local `make test` reuses the XLA
+# executables of the first instead of compiling every machine again. Set as
+# environment variables (before jax is imported) so that the subprocesses some
+# tests start (notebooks, README, 4-device sharding) share the cache too. A
+# JAX_COMPILATION_CACHE_DIR of your own wins; set it to "" to turn the cache off.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_REPO, ".cache", "jax"))
+# Most machines here compile in 0.1-2 s; JAX's default threshold (1 s) would skip half of them.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Each example may compile a program; wall-clock deadlines would be flaky.
