@@ -1,7 +1,11 @@
-"""End-to-end demo: recursive single-example Python, autobatched into one XLA loop.
+"""pcbatch in one screen: a recursive function written for ONE example, run on a batch.
 
-Run with `make demo` (or `python examples/demo.py`).
+Run with `make demo` (or `python examples/demo.py`); add `--verbose` to also print
+the program pcbatch compiled (its blocks, and the stack machine they became).
 """
+import inspect
+import sys
+import textwrap
 import time
 
 import jax
@@ -18,86 +22,67 @@ def fib(n):
     return fib(n - 1) + fib(n - 2)
 
 
-@pcbatch.autobatch
-def collatz(n):
-    steps = 0
-    while n != 1:
-        n = n // 2 if n % 2 == 0 else 3 * n + 1
-        steps += 1
-    return steps
+def timed(call, repeat=1):
+    """The result of `call()` and its best wall-clock time over `repeat` runs, in seconds."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = jax.block_until_ready(call())
+        best = min(best, time.perf_counter() - start)
+    return out, best
 
 
-@pcbatch.autobatch(in_axes=(None, 0, 0, 0))
-def tree_score(params, left, right, node):
-    """Score of a binary tree stored as child-index arrays (-1 = leaf)."""
-    if left[node] < 0:
-        return jnp.tanh(params["leaf"] * node)
-    a = tree_score(params, left, right, left[node])
-    b = tree_score(params, left, right, right[node])
-    return jnp.tanh(params["w"] @ jnp.stack([a, b]))
+def row(values):
+    """Integers in fixed-width columns, so the batch and both results line up."""
+    return "[" + " ".join(f"{int(v):4d}" for v in np.asarray(values)) + " ]"
 
 
-def random_tree(rng, leaves, size):
-    """Random binary tree over `leaves` leaves, padded to `size` nodes; root is node 0."""
-    left, right = -np.ones(size, np.int32), -np.ones(size, np.int32)
-    frontier, nxt = [0], 1
-    while len(frontier) < leaves:
-        node = frontier.pop(rng.integers(len(frontier)))
-        left[node], right[node] = nxt, nxt + 1
-        frontier += [nxt, nxt + 1]
-        nxt += 2
-    return left, right
+def ms(seconds):
+    return f"{seconds * 1e3:8.1f} ms"
 
 
-def report(name, f, *args):
-    start = time.perf_counter()
-    result, status = f.checked(*args)
-    jax.block_until_ready(result)
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    jax.block_until_ready(f.checked(*args)[0])
-    again = time.perf_counter() - start
-    expected = f.reference(*args)
-    same = jax.tree_util.tree_all(jax.tree_util.tree_map(np.allclose, result, expected))
-    steps, batch, peak = int(status.steps), status.blocks_run.shape[0], int(status.peak_lanes)
-    work = int(status.blocks_run.sum())
-    print(f"\n== {name}: batch of {batch}")
-    print(f"  results      {np.asarray(result)}")
-    print(f"  per-example Python agrees: {same}")
-    print(f"  VM steps     {steps}  (blocks run per example: min {int(status.blocks_run.min())}, "
-          f"max {int(status.blocks_run.max())})")
-    forked = " (fork-join: independent calls run in lanes of their own)" if peak > batch else ""
-    print(f"  lanes        at most {peak} in use{forked}; {work / steps:.1f} lanes ran a block per step on average")
-    print(f"  time         first call {first * 1e3:.0f} ms (trace + compile + run), "
-          f"cached call {again * 1e3:.2f} ms")
-
-
-def main():
-    print("pcbatch demo — recursive single-example code, batched into one lax.while_loop")
-    print("\nThe block IR of fib:\n")
-    print(fib.ir())
-    print("Lowered to the stack machine (variable classes and stacks):\n")
-    print(fib.lowered(jnp.arange(8)))
+def main(verbose=False):
+    print("pcbatch demo: a recursive function written for ONE example, run on a whole batch\n")
+    print("The function, as written:\n")
+    print(textwrap.indent(inspect.getsource(fib.fn), "    "))
 
     n = jnp.array([3, 7, 4, 5, 10, 1, 0, 12])
-    print(f"fib inputs: {np.asarray(n)}")
-    report("fib", fib, n)
+    batch = n.shape[0]
+    print(f"{f'The batch, {batch} examples:':<31}{row(n)}")
+    expected, python = timed(lambda: fib.reference(n))  # the original Python, one example at a time
+    print(f"Python, one example at a time: {row(expected)}")
+    # The first call traces fib and compiles one XLA program for this batch shape;
+    # print the label first so the wait has a caption.
+    print("pcbatch, all at once:          ", end="", flush=True)
+    (result, status), first = timed(lambda: fib.checked(n))
+    same = "the same" if np.array_equal(result, expected) else "DIFFERENT"
+    print(f"{row(result)}  ({same})\n")
 
-    m = jnp.array([1, 6, 27, 97, 871, 2, 3, 9])
-    print(f"\ncollatz inputs: {np.asarray(m)}")
-    report("collatz", collatz, m)
+    _, batched = timed(lambda: fib.checked(n), repeat=5)
+    sequential = fib.with_options(fork=False)
+    (_, seq), seq_first = timed(lambda: sequential.checked(n))
+    _, seq_batched = timed(lambda: sequential.checked(n), repeat=5)
+    print("Time for the whole batch (a first call also compiles, once per batch shape):")
+    print(f"  pcbatch, default (fork=True) {ms(batched)}   first call {first:5.1f} s")
+    print(f"  pcbatch, fork=False          {ms(seq_batched)}   first call {seq_first:5.1f} s")
+    print(f"  Python loop over examples    {ms(python)}\n")
 
-    rng = np.random.default_rng(0)
-    trees = [random_tree(rng, int(k), 63) for k in rng.integers(2, 32, size=16)]
-    left = jnp.array(np.stack([t[0] for t in trees]))
-    right = jnp.array(np.stack([t[1] for t in trees]))
-    params = {"leaf": jnp.float32(0.1), "w": jnp.array([0.7, -0.4])}
-    print(f"\ntree_score: 16 random binary trees with 2-31 leaves (child-index arrays, shared params)")
-    args = (params, left, right, jnp.zeros(16, jnp.int32))
-    report("tree_score (fork-join: both children of a node at once)", tree_score, *args)
-    report("tree_score, fork=False (one lane per tree, children one after another)",
-           tree_score.with_options(fork=False), *args)
+    steps, work, peak = int(status.steps), int(status.blocks_run.sum()), int(status.peak_lanes)
+    seq_steps, seq_work = int(seq.steps), int(seq.blocks_run.sum())
+    print(f"What happened: all {batch} examples ran together in one loop of {steps} steps. Each step runs\n"
+          f"one piece of fib (a block: the code between two calls) for every call ready for it:\n"
+          f"{work} pieces in {steps} steps, {work / steps:.1f} at once on average. fib(n - 1) and "
+          f"fib(n - 2) do not\nneed each other's result, so they ran side by side (fork/join): "
+          f"up to {peak} calls under way.\n"
+          f"With fork=False each example makes its calls one after another: {seq_steps} steps, with\n"
+          f"on average {seq_work / seq_steps:.1f} of the {batch} examples busy in a step.")
+
+    if verbose:
+        print("\nThe blocks of fib (pcbatch's intermediate form):\n")
+        print(fib.ir())
+        print("Lowered to the stack machine (each variable's storage class and stack):\n")
+        print(fib.lowered(n))
 
 
 if __name__ == "__main__":
-    main()
+    main(verbose="--verbose" in sys.argv[1:] or "-v" in sys.argv[1:])
