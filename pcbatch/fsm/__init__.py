@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pcbatch.fsm.base import Auto, Frontier, ReturnsLast, Scheduler, bind
+from pcbatch.fsm.base import Auto, Fair, Frontier, ReturnsLast, Scheduler, bind
 from pcbatch.fsm.baselines import BASELINES, Agenda, Depth, Earliest
 from pcbatch.fsm.graph import ExecGraph, lower_bound
 from pcbatch.fsm.policy import Policy
@@ -65,6 +65,6 @@ def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000,
 
 
 __all__ = [
-    "Agenda", "Auto", "Depth", "Earliest", "ReturnsLast", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule",
+    "Agenda", "Auto", "Depth", "Earliest", "Fair", "ReturnsLast", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule",
     "Scheduler", "Simulation", "get_scheduler", "learn", "learn_from_graphs", "lower_bound", "record", "simulate",
 ]
