@@ -39,12 +39,8 @@ class BoundFunction:
         """Calls the Python function (the reference semantics)."""
         bound = self.signature.bind(*args, **kwargs)
         values = {**dict(self.constants), **bound.arguments}
-        positional, keywords = [], {}
-        for name, p in inspect.signature(self.fn).parameters.items():
-            if name not in values:
-                continue
-            if p.kind is p.POSITIONAL_ONLY or (p.kind is p.POSITIONAL_OR_KEYWORD and not keywords):
-                positional.append(values[name])
-            else:
-                keywords[name] = values[name]
+        params = inspect.signature(self.fn).parameters
+        positional = [values[name] for name, p in params.items() if p.kind is p.POSITIONAL_ONLY and name in values]
+        keywords = {name: values[name] for name, p in params.items() if p.kind is not p.POSITIONAL_ONLY
+                    and name in values}
         return self.fn(*positional, **keywords)

@@ -168,6 +168,8 @@ class Converter:
         return Loc(self.filename, lineno, line.rstrip("\n"))
 
     def unsupported(self, node: ast.AST, message: str, hint: str = "") -> UnsupportedSyntaxError:
+        if "Supported Python" not in hint:
+            hint = f"{hint} See README.md, 'Supported Python'.".strip()
         return UnsupportedSyntaxError(message, self.loc(node), hint)
 
     def temp(self) -> str:
@@ -339,8 +341,7 @@ class Converter:
         a = self.fdef.args
         if a.vararg or a.kwarg:
             raise self.unsupported(self.fdef, "`*args` and `**kwargs` parameters are not supported",
-                                   "name each parameter (pytrees such as tuples and dicts are fine). "
-                                   "See README.md, 'Supported Python'.")
+                                   "name each parameter (pytrees such as tuples and dicts are fine).")
         return tuple(p.arg for p in a.posonlyargs + a.args + a.kwonlyargs)
 
     def statements(self, stmts: list[ast.stmt]) -> None:

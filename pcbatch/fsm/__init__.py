@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pcbatch.errors import OptionError
+
 from pcbatch.fsm.base import Auto, Fair, Frontier, ReturnsLast, Scheduler, bind
 from pcbatch.fsm.baselines import BASELINES, Agenda, Depth, Earliest
 from pcbatch.fsm.graph import ExecGraph, lower_bound
@@ -33,10 +35,11 @@ def get_scheduler(schedule: Any, prog: Any = None) -> Scheduler:
     if isinstance(schedule, str):
         named = {**BASELINES, "auto": Auto, "returns_last": ReturnsLast}
         if schedule not in named:
-            raise ValueError(f"unknown schedule {schedule!r}; choose from {sorted(named)} or pass a scheduler")
+            raise OptionError("schedule", f"unknown schedule {schedule!r}; choose from {sorted(named)} or pass "
+                                          "a scheduler")
         schedule = named[schedule]()
     elif not hasattr(schedule, "choose") or not hasattr(schedule, "init"):
-        raise TypeError(f"schedule must be a name or have init() and choose(); got {schedule!r}")
+        raise OptionError("schedule", f"must be a name or have init() and choose(); got {schedule!r}")
     return schedule if prog is None else bind(schedule, prog)
 
 
