@@ -72,8 +72,10 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     prelude = _order_prelude(m.prelude, consts, inputs)
     classes.update({v: CONSTANT for v in machine_consts})
     classes.update({v: INVARIANT for v in invariants})
+    param_locs = {qualify(f.name, p): loc for f in program.functions for p, loc in zip(f.params, f.param_locs)
+                  if loc is not None}
     prog = StackProgram(blocks, entry_block, entry_params, result, prelude, classes, {}, block_function,
-                        stack_conflicts(blocks), crossing=crossing)
+                        stack_conflicts(blocks), crossing=crossing, param_locs=param_locs)
     verify_stack_program(prog)
     return prog
 
