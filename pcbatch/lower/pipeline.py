@@ -53,8 +53,11 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     params_of = {f.name: tuple(qualify(f.name, p) for p in f.params) for f in program.functions}
     # Return values a Join reads from children's lanes: never renamed, always stored.
     joined = {r for b in blocks for op in b.ops if isinstance(op, Join) for r in op.rets}
-    keep_names = {ret_var(entry_fn.name)} | set(params_of[program.entry]) | set(consts) | joined
-    rets = call_returns(blocks, block_function, ret_var)  # renaming keeps blocks, terminators and callees
+    # Every `<ret>` keeps its name, so `rets` stays true after coalescing (a
+    # local may still be renamed *to* one).
+    keep_names = ({ret_var(f.name) for f in program.functions} | set(params_of[program.entry]) | set(consts)
+                  | joined)
+    rets = call_returns(blocks, block_function, ret_var)
     live_in = liveness(blocks, succ, at_exit, call_sites(blocks, block_function, params_of), rets)
     outs = [live_out(i, live_in, succ, at_exit, blocks, rets) for i in range(len(blocks))]
     blocks = coalesce_copies(blocks, live_in, outs, keep_names, rets)
