@@ -75,9 +75,9 @@ def liveness(blocks: tuple[Block, ...], succ: list[tuple[int, ...]],
     assignment does not end their life in the caller (recursion shares names).
 
     `call_rets` (`call_returns`): the callee's return value is not live
-    across its call (without this, a function's `<ret>` read after a call
-    inside it looks live from every caller's entry, and gets saved around
-    unrelated calls)."""
+    across its call. (Without this, `g.<ret>` read after a call inside g
+    looks live at g's entry, so across every call that reaches g, and is
+    saved around calls from g's callers.)"""
     saves = saves or {}
     ud = [use_def(b) for b in blocks]
     head = {i: use_def(replace(blocks[i], ops=blocks[i].ops[:len(blocks[i].ops) - n], term=Jump(0)))

@@ -30,7 +30,7 @@ def _mismatch(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None) ->
     if first == second:  # e.g. two classes of one name: name them fully
         first, second = format_type(a, qualified=True), format_type(b, qualified=True)
     if first == second:
-        second += " (a different class that prints the same)"
+        second += " (a different tree structure that prints the same)"
     return TypeMismatchError(var, first, a_loc, second, b_loc)
 
 

@@ -32,6 +32,8 @@ class Shapes:
 
 # Its qualname is `Point` too, and `collections.namedtuple` records no line.
 LegacyPoint = collections.namedtuple("Point", "x y")
+# Two classes alike in every name: only the note tells them apart.
+PairA, PairB = collections.namedtuple("Pair", "a b"), collections.namedtuple("Pair", "a b")
 
 
 def line_of(marker, fn=None):
@@ -81,6 +83,24 @@ def test_namedtuple_without_a_source_line_is_still_told_apart():
         f"the return value of `legacy_point_returned` has type {a}(x=i32[], y=i32[]) here:\n"
         f"{quote('# FIRST', legacy_point_returned)}\n"
         f"but type {__name__}.Point(x=i32[], y=i32[]) here:\n{quote('# SECOND', legacy_point_returned)}\n{HINT}")
+
+
+@pcbatch.autobatch
+def identical_names(n):
+    p = PairA(n, n)  # FIRST
+    if n > 1:
+        p = PairB(n, n)  # SECOND
+    return p[0]
+
+
+def test_classes_alike_in_every_name_are_said_to_differ():
+    with pytest.raises(TypeMismatchError) as info:
+        identical_names(N)
+    t = f"{__name__}.Pair(a=i32[], b=i32[])"
+    assert str(info.value) == (
+        f"variable `identical_names.p` has type {t} here:\n{quote('# FIRST', identical_names)}\n"
+        f"but type {t} (a different tree structure that prints the same) here:\n"
+        f"{quote('# SECOND', identical_names)}\n{HINT}")
 
 
 @pcbatch.autobatch
