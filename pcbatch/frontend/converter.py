@@ -335,7 +335,10 @@ class Converter:
         if self.cur is not None:  # falling off the end returns None
             self.visit_Return(ast.copy_location(ast.Return(None), self.fdef.body[-1]))
         blocks = tuple(Block(b.label, tuple(b.ops), b.term, b.loc) for b in self.blocks)
-        return Function(self.name, self.params, simplify(blocks), self.loc(self.fdef))
+        a = self.fdef.args
+        node = {p.arg: p for p in a.posonlyargs + a.args + a.kwonlyargs}
+        return Function(self.name, self.params, simplify(blocks), self.loc(self.fdef),
+                        tuple(self.loc(node[p]) for p in self.params))
 
     def _params(self) -> tuple[str, ...]:
         a = self.fdef.args
