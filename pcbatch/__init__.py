@@ -5,8 +5,10 @@ Write a recursive, control-heavy function for ONE example; decorate it with
 """
 from pcbatch.api import Autobatched, autobatch
 from pcbatch.errors import (
+    ArgumentError,
     ForwardModeError,
     MaxStepsExceededError,
+    OptionError,
     PcbatchError,
     StackOverflowError,
     TapeOverflowError,
@@ -18,9 +20,11 @@ from pcbatch.sharding import sharded
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
     "Autobatched",
     "ForwardModeError",
     "MaxStepsExceededError",
+    "OptionError",
     "PcbatchError",
     "StackOverflowError",
     "TapeOverflowError",

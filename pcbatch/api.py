@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
+import time
+import types
 from typing import Any, Callable, Sequence
 
 import jax
@@ -13,9 +14,11 @@ from jax.experimental import checkify
 
 from pcbatch import _context
 from pcbatch import sharding as _sharding
-from pcbatch.errors import ForwardModeError, Loc, MaxStepsExceededError, StackOverflowError, UnsupportedSyntaxError
-from pcbatch.frontend import build_program
-from pcbatch.fsm import get_scheduler
+from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, reference_call, target_of
+from pcbatch.errors import (ForwardModeError, Loc, MaxStepsExceededError, OptionError, StackOverflowError,
+                            UnsupportedSyntaxError)
+from pcbatch.frontend import BoundFunction, build_program
+from pcbatch.fsm import Fair, get_scheduler
 from pcbatch.ir.core import Program, StackProgram
 from pcbatch.ir.interpret import Trace, run_stack_program
 from pcbatch.lower import lower, specialize
@@ -37,14 +40,37 @@ DEFAULT_STACK_BUDGET_BYTES = 1 << 30
 DEFAULT_WIDTH_PER_EXAMPLE = 16
 DEFAULT_MIN_WIDTH = 64
 DEFAULT_MAX_WIDTH = 2048
-
-
-def _unwrap(obj: Any) -> Callable | None:
-    return obj.fn if isinstance(obj, Autobatched) else None
+# The overflow error replays a few examples in Python to say how deep they go.
+REPLAY_EXAMPLES = 3
+REPLAY_STEPS = 20_000
+REPLAY_SECONDS = 2.0
 
 
 def _is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
+
+
+def _check_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise OptionError(name, f"must be a positive int, got {value!r}")
+
+
+def _differentiation(leaves: list[Any]) -> str | None:
+    """How the inputs are being differentiated: "forward" (only `jax.jvp` /
+    `jax.jacfwd`), "mixed" (forward and reverse together, as `jax.hessian`)
+    or None (reverse mode, or not at all)."""
+    kinds: set[str] = set()
+    stack = [x for x in leaves if _is_tracer(x)]
+    while stack:
+        x = stack.pop()
+        kinds.add(type(x).__name__)
+        for attr in ("primal", "val"):
+            inner = getattr(x, attr, None)
+            if _is_tracer(inner):
+                stack.append(inner)
+    if "JVPTracer" not in kinds:
+        return None
+    return "mixed" if kinds & {"LinearizeTracer", "JaxprTracer"} else "forward"
 
 
 class Autobatched:
@@ -64,17 +90,22 @@ class Autobatched:
                  max_steps: int | None = None, schedule: Any = "auto", fork: bool = True,
                  max_lanes: int | None = None, lane_width: int | None = None, layout: bool | str = True,
                  mesh: Any = None, axis_name: Any = None, tape_size: int | None = None):
-        if not callable(fn):
-            raise TypeError(f"pcbatch.autobatch expects a function, got {fn!r}")
-        if max_stack_depth < 1:
-            raise ValueError("max_stack_depth must be at least 1")
-        for name, value in (("max_lanes", max_lanes), ("lane_width", lane_width), ("tape_size", tape_size)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1")
+        self.target = target_of(fn)
+        check_signature(self.target)
+        check_in_axes(in_axes, self.target)
+        _check_int("max_stack_depth", max_stack_depth)
+        for name, value in (("max_steps", max_steps), ("max_lanes", max_lanes), ("lane_width", lane_width),
+                            ("tape_size", tape_size)):
+            if value is not None:
+                _check_int(name, value)
         if layout not in (True, False, "all"):
-            raise ValueError(f"layout must be True, False or 'all', got {layout!r}")
-        functools.update_wrapper(self, fn)
-        self.fn = fn
+            raise OptionError("layout", f"must be True, False or 'all', got {layout!r}")
+        if not isinstance(fork, bool):
+            raise OptionError("fork", f"must be True or False, got {fork!r}")
+        functools.update_wrapper(self, self.target.fn)
+        self.fn = self.target.fn  # the Python function whose source is converted
+        self._original = fn
+        self._bound_methods: dict[int, tuple[Any, Autobatched]] = {}
         self.in_axes = in_axes
         self.max_stack_depth = max_stack_depth
         self.max_steps = max_steps
@@ -84,12 +115,12 @@ class Autobatched:
         self.max_lanes = max_lanes
         self.lane_width = lane_width
         if axis_name is not None and mesh is None:
-            raise ValueError("axis_name= needs mesh= (the jax.sharding.Mesh whose axis it names)")
+            raise OptionError("axis_name", "needs mesh= (the jax.sharding.Mesh whose axis it names)")
         self.mesh, self.axis_name = mesh, axis_name
         self._sharding = None if mesh is None else _sharding.BatchSharding.of(mesh, axis_name)
         self.layout = layout
         self.tape_size = tape_size
-        self.signature = inspect.signature(fn)
+        self.signature = self.target.signature
         self._program: Program | None = None
         self._lowered: dict[tuple[bool, ...], StackProgram] = {}
         self._compiled: dict[Any, tuple[StackProgram, Callable]] = {}
@@ -105,18 +136,38 @@ class Autobatched:
     def __repr__(self) -> str:
         return f"<autobatched {self.fn.__qualname__}>"
 
+    def __get__(self, instance: Any, owner: Any = None) -> "Autobatched":
+        """A method decorated with `autobatch`: `obj.f` is autobatched with `self` fixed."""
+        if instance is None:
+            return self
+        cached = self._bound_methods.get(id(instance))
+        if cached is None or cached[0] is not instance:
+            bound = self._with(self._original, types.MethodType(self._original, instance))
+            cached = self._bound_methods[id(instance)] = (instance, bound)
+        return cached[1]
+
+    def _callee(self, obj: Any) -> BoundFunction | None:
+        """The function behind a name called in the converted code, if it is
+        autobatched: any `Autobatched`, and also the very function being
+        autobatched (`fast = autobatch(fib)`: `fib` calling `fib` is recursion)."""
+        if isinstance(obj, Autobatched):
+            return obj.target
+        if getattr(obj, "__func__", obj) is self.fn:
+            return target_of(obj)
+        return None
+
     # --- the program at each level --------------------------------------
 
     def ir(self) -> Program:
         """The block IR (Figure 2): one control-flow graph per function."""
         if self._program is None:
-            self._program = build_program(self.fn, _unwrap, fork=self.fork)
+            self._program = build_program(self.target, self._callee, fork=self.fork)
         return self._program
 
-    def lowered(self, *args: Any) -> StackProgram:
+    def lowered(self, *args: Any, **kwargs: Any) -> StackProgram:
         """The stack program (Figure 4) for these arguments, with each variable's
         class (temporary / register / stacked / constant), type and stack shape."""
-        prog, _, _, batch = self._prepare(args)
+        prog, _, _, batch = self._prepare(self._bind(args, kwargs))
         return dataclasses.replace(prog, lanes=self._config(prog, self._local_batch(batch))[0],
                                    stack_depth=self.max_stack_depth)
 
@@ -124,34 +175,28 @@ class Autobatched:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _context.python_mode():
-            return self.fn(*args, **kwargs)
-        if kwargs:
-            args = self._positional(args, kwargs)
+            return self.target(*args, **kwargs)
         if _context.building():
             raise UnsupportedSyntaxError(
                 f"autobatched function `{self.__qualname__}` was called from primitive code",
                 Loc(self.fn.__code__.co_filename, self.fn.__code__.co_firstlineno),
                 "call it directly in the body of an autobatched function, not from an ordinary "
                 "helper function, lambda or comprehension.")
-        result, status, prog, batch = self._run(args, raise_errors=True)
+        bound = self._bind(args, kwargs)
+        result, status, prog, batch = self._run(bound, raise_errors=True)
         if any(_is_tracer(x) for x in tree_util.tree_leaves((result, status))):
             return self._checked_in_trace(result, status)
-        self._raise_for(status, prog, args)
+        self._raise_for(status, prog, bound)
         return result
 
-    def _positional(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """Keyword arguments as positional ones (they follow `in_axes` like those)."""
-        bound = self.signature.bind(*args, **kwargs)
-        return tuple(bound.args)
-
-    def checked(self, *args: Any) -> tuple[Any, Status]:
+    def checked(self, *args: Any, **kwargs: Any) -> tuple[Any, Status]:
         """Like calling, but returns `(result, status)` instead of raising, so it
         can be used inside `jax.jit`: `status.overflow` and `status.unfinished` are
         per-example flags; results of flagged examples are not meaningful."""
-        result, status, _, _ = self._run(args)
+        result, status, _, _ = self._run(self._bind(args, kwargs))
         return result, status
 
-    def tape_info(self, *args: Any) -> TapeInfo:
+    def tape_info(self, *args: Any, **kwargs: Any) -> TapeInfo:
         """The gradient tape a differentiated call on these arguments records
         (`pcbatch.runtime.grad.TapeInfo`): rows per block, memory, and
         `needed`, the `tape_size=` that holds it (to size the tape for
@@ -164,20 +209,21 @@ class Autobatched:
         >>> power.tape_info(jnp.array([2.0, 3.0]), jnp.array([3, 40])).needed
         22
         """
-        prog, runner, inputs, batch = self._prepare(args)
+        prog, runner, inputs, batch = self._prepare(self._bind(args, kwargs))
         return self._differentiable(prog, runner, batch).info(inputs)
 
-    def reference(self, *args: Any) -> Any:
+    def reference(self, *args: Any, **kwargs: Any) -> Any:
         """Run the original Python one example at a time (the test oracle)."""
-        values, batched, batch = self._split(args)
+        bound = self._bind(args, kwargs)
+        if bound.batch == 0:
+            return self._run_empty(bound)[0]
         outs = []
         with _context.in_python_mode():
-            for i in range(batch):
-                example = [tree_util.tree_map(lambda x: x[i], v) if b else v for v, b in zip(values, batched)]
-                outs.append(self.fn(*example))
+            for i in range(bound.batch):
+                outs.append(reference_call(self.target, bound.example(i)))
         return tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *outs)
 
-    def trace(self, *args: Any, steps: int = 4096, per_lane: bool = False) -> StepTrace:
+    def trace(self, *args: Any, steps: int = 4096, per_lane: bool = False, **kwargs: Any) -> StepTrace:
         """Run the machine on these arguments and record, inside the loop, each
         step's block, the lanes it ran and the ready lanes per block (the
         frontier the scheduler chose from): the first `steps` steps are kept;
@@ -193,24 +239,27 @@ class Autobatched:
         >>> t.total == t.steps, int(t.lanes.max()) <= 4
         (True, True)
         """
-        prog, _, inputs, batch = self._prepare(args)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise OptionError("steps", f"must be a positive int, got {steps!r}")
+        prog, _, inputs, batch = self._prepare(self._bind(args, kwargs))
         with _context.in_building():
             return trace_steps(prog, inputs, batch, self._config(prog, batch)[1], steps, per_lane)[2]
 
-    def reference_trace(self, *args: Any, max_steps: int | None = None) -> list[Trace]:
+    def reference_trace(self, *args: Any, max_steps: int | None = None, **kwargs: Any) -> list[Trace]:
         """What each example executes, from the reference interpreter: one
         `pcbatch.ir.Trace` each (blocks of `lowered(*args)` and what each waited
         for; the executions a scheduler learns from, `pcbatch.fsm.record`)."""
-        prog = self.lowered(*args)
-        return [run_stack_program(prog, example, max_steps=max_steps) for example in self._examples(prog, args)]
+        bound = self._bind(args, kwargs)
+        prog = self.lowered(*args, **kwargs)
+        return [run_stack_program(prog, example, max_steps=max_steps) for example in self._examples(prog, bound)]
 
-    def layout_report(self, *args: Any) -> LayoutReport:
+    def layout_report(self, *args: Any, **kwargs: Any) -> LayoutReport:
         """What the block-layout pass does for these arguments: per run of
         straight-line code with independent same-type ops, the groups found,
         the PQ-tree, the order chosen, the constants packed before the loop and
         the planning time. `print` it; `pcbatch.viz.pq_tree(report[0].layout.tree)`
         draws a tree. With `layout=False` it says what the pass would do."""
-        prog, _, _, _ = self._prepare(args)
+        prog, _, _, _ = self._prepare(self._bind(args, kwargs))
         for key, (compiled, _) in self._compiled.items():
             if compiled is prog and key in self._layout_reports:
                 return self._layout_reports[key]
@@ -225,77 +274,39 @@ class Autobatched:
     def with_options(self, **options: Any) -> "Autobatched":
         """A copy with some of `autobatch`'s options changed, e.g.
         `tree_lstm.with_options(fork=False)` for one lane per example."""
-        current = dict(in_axes=self.in_axes, max_stack_depth=self.max_stack_depth, max_steps=self.max_steps,
-                       schedule=self.schedule, fork=self.fork, max_lanes=self.max_lanes, lane_width=self.lane_width,
-                       layout=self.layout, mesh=self.mesh, axis_name=self.axis_name, tape_size=self.tape_size)
+        current = self._options()
         unknown = set(options) - set(current)
         if unknown:
-            raise TypeError(f"unknown autobatch option(s): {', '.join(sorted(unknown))}")
-        other = Autobatched(self.fn, **{**current, **options})
+            raise OptionError(", ".join(sorted(unknown)), "unknown autobatch option(s)",
+                              f"the options are {', '.join(current)}.")
+        other = Autobatched(self._original, **{**current, **options})
         if other.fork == self.fork:
             other._program, other._lowered = self._program, self._lowered
         return other
 
+    def _options(self) -> dict[str, Any]:
+        return dict(in_axes=self.in_axes, max_stack_depth=self.max_stack_depth, max_steps=self.max_steps,
+                    schedule=self.schedule, fork=self.fork, max_lanes=self.max_lanes, lane_width=self.lane_width,
+                    layout=self.layout, mesh=self.mesh, axis_name=self.axis_name, tape_size=self.tape_size)
+
+    def _with(self, original: Any, fn: Any) -> "Autobatched":
+        """The same options over another target (a method bound to an instance)."""
+        return Autobatched(fn, **self._options())
+
     # --- internals -------------------------------------------------------
 
-    def _bind(self, args: Sequence[Any]) -> list[Any]:
-        try:
-            bound = self.signature.bind(*args)
-        except TypeError as e:
-            raise TypeError(f"{self.__qualname__}{self.signature}: {e}") from None
-        bound.apply_defaults()
-        return list(bound.arguments.values())
+    def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Bound:
+        return bind(self.target, self.in_axes, tuple(args), kwargs)
 
-    def _split(self, args: Sequence[Any]) -> tuple[list[Any], list[bool], int]:
-        """Arguments with their batch axis moved to 0; which are batched; batch size."""
-        values = self._bind(args)
-        axes = self.in_axes
-        if isinstance(axes, (list, tuple)) and not hasattr(axes, "_fields"):
-            if len(axes) != len(args):
-                raise ValueError(f"in_axes has {len(axes)} entries but {len(args)} positional arguments were given")
-            axes = list(axes) + [None] * (len(values) - len(args))
-        else:
-            axes = [axes] * len(args) + [None] * (len(values) - len(args))
-        sizes: set[int] = set()
-        specs = []
-        for k, (value, ax) in enumerate(zip(values, axes)):
-            flat_axes = tree_util.tree_leaves(ax, is_leaf=lambda a: a is None)
-            if all(a is None for a in flat_axes):
-                specs.append(None)
-                continue
-            full = tree_util.tree_map(lambda a, x: tree_util.tree_map(lambda _: a, x),
-                                      ax, value, is_leaf=lambda a: a is None)
-            leaves_ax = tree_util.tree_leaves(full, is_leaf=lambda a: a is None)
-            for a, x in zip(leaves_ax, tree_util.tree_leaves(value)):
-                if a is not None:
-                    sizes.add(np.shape(x)[a])
-            specs.append(full)
-        if not sizes:
-            raise ValueError(f"{self.__qualname__}: no argument is batched (all in_axes are None)")
-        if len(sizes) > 1:
-            raise ValueError(f"{self.__qualname__}: batched arguments have different batch sizes {sorted(sizes)}")
-        batch = sizes.pop()
-        out = []
-        for value, spec in zip(values, specs):
-            if spec is None:
-                out.append(tree_util.tree_map(jnp.asarray, value))
-            else:
-                leaves_ax = tree_util.tree_leaves(spec, is_leaf=lambda a: a is None)
-                leaves, treedef = tree_util.tree_flatten(value)
-                moved = [jnp.broadcast_to(jnp.asarray(x), (batch,) + np.shape(x)) if a is None
-                         else jnp.moveaxis(jnp.asarray(x), a, 0) for a, x in zip(leaves_ax, leaves)]
-                out.append(tree_util.tree_unflatten(treedef, moved))
-        return out, [s is not None for s in specs], batch
-
-    def _examples(self, prog: StackProgram, args: Sequence[Any]) -> list[dict[str, Any]]:
+    def _examples(self, prog: StackProgram, bound: Bound) -> list[dict[str, Any]]:
         """The entry parameters' values for each example on its own."""
-        values, batched, batch = self._split(args)
-        return [{p: tree_util.tree_map(lambda a: a[i], x) if b else x
-                 for p, x, b in zip(prog.entry_params, values, batched)} for i in range(batch)]
+        return [dict(zip(prog.entry_params, bound.example(i).values())) for i in range(bound.batch)]
 
-    def _prepare(self, args: Sequence[Any]) -> tuple[StackProgram, Callable, dict[str, Any], int]:
-        values, batched, batch = self._split(args)
-        shared = tuple(not b for b in batched)
+    def _prepare(self, bound: Bound) -> tuple[StackProgram, Callable, dict[str, Any], int]:
+        params = list(bound.values)
+        values = [bound.values[p] for p in params]
+        batch = bound.batch
+        shared = tuple(not bound.batched[p] for p in params)
         sharding = _sharding.current(self._sharding)
         key = (shared, batch, sharding, tuple(tree_util.tree_structure(v) for v in values),
                tuple((np.shape(x), jnp.result_type(x)) for x in tree_util.tree_leaves(values)))
@@ -303,11 +314,11 @@ class Autobatched:
             if shared not in self._lowered:
                 self._lowered[shared] = lower(self.ir(), shared)
             prog = self._lowered[shared]
-            types = {p: tree_util.tree_map(
-                         lambda x: jax.ShapeDtypeStruct(np.shape(x)[0 if s else 1:], jnp.result_type(x)), v)
-                     for p, v, s in zip(prog.entry_params, values, shared)}
+            types_ = {p: tree_util.tree_map(
+                          lambda x: jax.ShapeDtypeStruct(np.shape(x)[0 if s else 1:], jnp.result_type(x)), v)
+                      for p, v, s in zip(prog.entry_params, values, shared)}
             with _context.in_building():
-                prog = specialize(prog, types)
+                prog = specialize(prog, types_)
                 if self.layout:
                     prog, self._layout_reports[key] = layout_program(prog, "all" if self.layout == "all" else "auto")
             if sharding is None:
@@ -332,7 +343,9 @@ class Autobatched:
             affordable = DEFAULT_STACK_BUDGET_BYTES // (frame * self.max_stack_depth)
             lanes = max(batch, min(DEFAULT_LANES_PER_EXAMPLE * batch, affordable, DEFAULT_MAX_LANES))
         width = self.lane_width or max(DEFAULT_MIN_WIDTH, min(DEFAULT_WIDTH_PER_EXAMPLE * batch, DEFAULT_MAX_WIDTH))
-        return lanes, MachineConfig(self.max_stack_depth, self.max_steps, self.scheduler, lanes, width)
+        # With a step bound, no example may starve another (one runaway must not spoil the batch).
+        scheduler = self.scheduler if self.max_steps is None else Fair(self.scheduler)
+        return lanes, MachineConfig(self.max_stack_depth, self.max_steps, scheduler, lanes, width)
 
     def _machine(self, prog: StackProgram, batch: int, inputs: dict[str, Any], workspace: Any,
                  active: Any = None) -> tuple[Any, Status, Any]:
@@ -352,11 +365,19 @@ class Autobatched:
         local = sharding.per_device(batch)
         return sharding.new_workspace(workspace_shapes(prog, local, self._config(prog, local)[1]))
 
-    def _run(self, args: Sequence[Any], raise_errors: bool = False) -> tuple[Any, Status, StackProgram, int]:
-        prog, runner, inputs, batch = self._prepare(args)
-        tracing = any(_is_tracer(x) for x in tree_util.tree_leaves(inputs))
-        if tracing and is_float(inputs):  # maybe differentiated: through the custom_vjp
-            result, status = self._run_differentiable(prog, runner, inputs, batch, args, raise_errors)
+    def _run(self, bound: Bound, raise_errors: bool = False) -> tuple[Any, Status, StackProgram | None, int]:
+        if bound.batch == 0:
+            return (*self._run_empty(bound), None, 0)
+        prog, runner, inputs, batch = self._prepare(bound)
+        leaves = tree_util.tree_leaves(inputs)
+        tracing = any(_is_tracer(x) for x in leaves)
+        mode = _differentiation(leaves)
+        if mode == "mixed":
+            raise ForwardModeError(self.__qualname__)
+        # Forward mode alone differentiates the plain machine (JAX's jvp of a while
+        # loop); anything else that may be differentiated goes through the custom_vjp.
+        if tracing and mode != "forward" and is_float(inputs):
+            result, status = self._run_differentiable(prog, runner, inputs, batch, bound, raise_errors)
             return result, status, prog, batch
         workspace = None if tracing else self._workspaces.pop(runner, None)  # one per compiled signature
         if workspace is None:
@@ -366,6 +387,17 @@ class Autobatched:
             self._workspaces[runner] = workspace
         return result, status, prog, batch
 
+    def _run_empty(self, bound: Bound) -> tuple[Any, Status]:
+        """0 examples: empty results of the shapes and dtypes one example gives (as `jax.vmap`)."""
+        def one(values: dict[str, Any]) -> tuple[Any, Status]:
+            result, status, _, _ = self._run(Bound(values, bound.batched, 1))
+            return result, status
+
+        ones = {p: tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((1,) + np.shape(x)[1:], jnp.result_type(x)), v)
+                if bound.batched[p] else v for p, v in bound.values.items()}
+        shapes = jax.eval_shape(one, ones)
+        return tree_util.tree_map(lambda s: jnp.zeros((0,) + s.shape[1:], s.dtype), shapes)
+
     def _differentiable(self, prog: StackProgram, runner: Callable, batch: int) -> Differentiable:
         if runner not in self._grads:
             batched = frozenset(p for p, s in zip(prog.entry_params, self._shared[runner]) if not s)
@@ -373,7 +405,7 @@ class Autobatched:
         return self._grads[runner]
 
     def _run_differentiable(self, prog: StackProgram, runner: Callable, inputs: dict[str, Any], batch: int,
-                            args: Sequence[Any], raise_errors: bool) -> tuple[Any, Status]:
+                            bound: Bound, raise_errors: bool) -> tuple[Any, Status]:
         """The machine under `grad.Differentiable`'s custom_vjp: the plain
         machine unless differentiated; then a recorded forward and a replayed
         backward. Errors of a concretely evaluated forward (eager `jax.grad`)
@@ -384,11 +416,10 @@ class Autobatched:
             return result, status
 
         def check(status: Status, inputs: dict[str, Any]) -> None:
-            if raise_errors:  # `args` are tracers here, `inputs` concrete
-                shared = dict(zip(prog.entry_params, self._shared[runner]))
-                examples = [{p: x if shared[p] else tree_util.tree_map(lambda a: a[i], x) for p, x in inputs.items()}
-                            for i in range(batch)]
-                self._raise_for(status, prog, args, examples)
+            if raise_errors:  # `bound` holds tracers here, `inputs` concrete values
+                names = dict(zip(prog.entry_params, bound.values))  # jax sorts dict keys
+                concrete = Bound({p: inputs[q] for q, p in names.items()}, bound.batched, batch)
+                self._raise_for(status, prog, concrete)
 
         try:
             result, status, need = self._differentiable(prog, runner, batch)(inputs, primal, check)
@@ -415,19 +446,11 @@ class Autobatched:
 
         return tree_util.tree_map(poison, result)
 
-    def _raise_for(self, status: Status, prog: StackProgram, args: Sequence[Any],
-                   examples: list[dict[str, Any]] | None = None) -> None:
+    def _raise_for(self, status: Status, prog: StackProgram | None, bound: Bound) -> None:
         overflow = np.nonzero(np.asarray(status.overflow))[0].tolist()
         if overflow:
-            examples = self._examples(prog, args) if examples is None else examples
-            needed = {}
-            for i in overflow[:5]:
-                limit = 8 * self.max_stack_depth
-                t = run_stack_program(prog, examples[i], max_steps=1_000_000, max_depth=limit, forks=False)
-                needed[i] = (f"max_stack_depth={t.max_depth}" if t.finished else
-                             f"more than {limit} (runaway recursion?)" if t.max_depth > limit else
-                             f"at least {t.max_depth}")
-            raise StackOverflowError(overflow, self.max_stack_depth, needed, forked=prog.has_forks)
+            raise StackOverflowError(overflow, self.max_stack_depth, self._depths_needed(prog, bound, overflow),
+                                     forked=prog.has_forks)
         unfinished = np.nonzero(np.asarray(status.unfinished))[0].tolist()
         if unfinished:
             pcs = np.asarray(status.pc)
@@ -440,6 +463,25 @@ class Autobatched:
                 where.append(f"example {i} " + ("waiting for its forked calls, then " if waiting else "")
                              + f"at b{pc} ({block.label}" + (f", {block.loc}" if block.loc else "") + ")")
             raise MaxStepsExceededError(unfinished, self.max_steps, where)
+
+    def _depths_needed(self, prog: StackProgram, bound: Bound, overflow: list[int]) -> dict[int, str]:
+        """How deep a few overflowing examples recurse, from a bounded replay in
+        the reference interpreter (seconds at most; the error must come fast)."""
+        limit = 8 * self.max_stack_depth
+        deadline = time.monotonic() + REPLAY_SECONDS
+        needed = {}
+        for i in overflow[:REPLAY_EXAMPLES]:
+            if time.monotonic() >= deadline:
+                break
+            example = dict(zip(prog.entry_params, bound.example(i).values()))
+            t = run_stack_program(prog, example, max_steps=REPLAY_STEPS, max_depth=limit, forks=False,
+                                  deadline=deadline)
+            needed[i] = (f"max_stack_depth={t.max_depth}" if t.finished else
+                         f"more than {limit} (runaway recursion?)" if t.max_depth > limit else
+                         f"more than {self.max_stack_depth}")
+        for i in overflow:
+            needed.setdefault(i, f"more than {self.max_stack_depth}")
+        return needed
 
 
 def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: int = 64,

@@ -106,11 +106,33 @@ class TapeOverflowError(PcbatchError):
 
 
 class ForwardModeError(PcbatchError, TypeError):
-    """`jax.jvp` (forward mode) of an autobatched function: not supported."""
+    """Forward over reverse mode (`jax.hessian`, `jax.jacfwd` of `jax.grad`)
+    through an autobatched function: not supported. Forward mode alone
+    (`jax.jvp`, `jax.jacfwd`) and reverse mode alone work."""
 
     def __init__(self, name: str):
         super().__init__(
-            f"forward-mode differentiation (jax.jvp, jax.jacfwd, jax.linearize, jax.hessian) of autobatched "
-            f"`{name}` is not supported: pcbatch differentiates in reverse mode only.\n"
-            "Hint: use jax.grad, jax.value_and_grad, jax.vjp or jax.jacrev."
+            f"forward-mode differentiation of a reverse-mode derivative (jax.hessian, jax.jacfwd of jax.grad) "
+            f"through autobatched `{name}` is not supported: its reverse mode is a custom_vjp, which JAX cannot "
+            "differentiate forwards.\n"
+            "Hint: use jax.grad, jax.value_and_grad, jax.vjp or jax.jacrev (reverse mode), or jax.jvp / "
+            "jax.jacfwd (forward mode) on their own; for a Hessian, jax.jacrev(jax.jacrev(f)) where f's "
+            "inner derivative is taken outside pcbatch."
         )
+
+
+class ArgumentError(PcbatchError, TypeError, ValueError):
+    """A call's arguments do not fit the function or `in_axes` (also a
+    `TypeError`/`ValueError`, as `jax.vmap` raises for the same input)."""
+
+    def __init__(self, function: str, message: str, hint: str = ""):
+        self.function = function
+        super().__init__(f"{function}: {message}" + (f"\nHint: {hint}" if hint else ""))
+
+
+class OptionError(PcbatchError, TypeError, ValueError):
+    """An option given to `pcbatch.autobatch` (or `with_options`) is not valid."""
+
+    def __init__(self, option: str, message: str, hint: str = ""):
+        self.option = option
+        super().__init__(f"{option}: {message}" + (f"\nHint: {hint}" if hint else ""))

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from pcbatch.errors import OptionError
 from pcbatch.runtime import Status
 
 __all__ = ["BatchSharding", "current", "sharded"]
@@ -58,22 +59,22 @@ class BatchSharding:
     def of(mesh: Any, axis_name: Any = None) -> "BatchSharding":
         """Validate `autobatch`'s `mesh=` / `axis_name=`."""
         if not isinstance(mesh, Mesh):
-            raise TypeError(f"mesh must be a jax.sharding.Mesh (e.g. jax.make_mesh((4,), ('batch',))), "
-                            f"got {type(mesh).__name__}")
+            raise OptionError("mesh", f"must be a jax.sharding.Mesh (e.g. jax.make_mesh((4,), ('batch',))), "
+                                      f"got {type(mesh).__name__}")
         names = tuple(mesh.axis_names)
         if axis_name is None:
             if len(names) != 1:
-                raise ValueError(f"the mesh has axes {names}: say which the batch is sharded over, "
-                                 f"e.g. axis_name={names[0]!r}")
+                raise OptionError("axis_name", f"the mesh has axes {names}: say which the batch is sharded "
+                                               f"over, e.g. axis_name={names[0]!r}")
             axis_name = names[0]
         axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
         unknown = [a for a in axes if a not in names]
         if unknown or not axes:
-            raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh (its axes: {names})")
+            raise OptionError("axis_name", f"{axis_name!r} is not an axis of the mesh (its axes: {names})")
         kinds = {mesh.axis_types[names.index(a)] for a in axes}
         if len(kinds) > 1:
-            raise ValueError(f"the batch axes {axes} mix axis types {sorted(map(str, kinds))}: make them all "
-                             "Explicit or all Auto (jax.make_mesh(..., axis_types=...))")
+            raise OptionError("axis_name", f"the batch axes {axes} mix axis types {sorted(map(str, kinds))}: make "
+                                           "them all Explicit or all Auto (jax.make_mesh(..., axis_types=...))")
         return BatchSharding(mesh, axes[0] if len(axes) == 1 else axes)
 
     @property

@@ -1,5 +1,6 @@
 """Python source -> block IR."""
+from pcbatch.frontend.bound import BoundFunction
 from pcbatch.frontend.converter import convert_function
 from pcbatch.frontend.program import build_program
 
-__all__ = ["build_program", "convert_function"]
+__all__ = ["BoundFunction", "build_program", "convert_function"]

@@ -143,12 +143,13 @@ def _source(fn: Callable) -> tuple[ast.FunctionDef, str, list[str]]:
 class Converter:
     """Builds one `Function` from a Python function."""
 
-    def __init__(self, fn: Callable, name: str, resolve: Resolver):
+    def __init__(self, fn: Callable, name: str, resolve: Resolver, constants: dict[str, Any] | None = None):
         self.fdef, self.filename, self.lines = _source(fn)
         self.name = name
         self.resolve = resolve
         self.compiler = OpCompiler(fn, self.filename)
-        self.params = self._params()
+        self.compiler.closure.update(constants or {})
+        self.params = tuple(p for p in self._params() if p not in (constants or {}))
         self.locals = set(self.params) | _assigned_names(self.fdef.body)
         self.temp_prefix = "_t"
         while any(v.startswith(self.temp_prefix) for v in self.locals):
@@ -167,6 +168,8 @@ class Converter:
         return Loc(self.filename, lineno, line.rstrip("\n"))
 
     def unsupported(self, node: ast.AST, message: str, hint: str = "") -> UnsupportedSyntaxError:
+        if "Supported Python" not in hint:
+            hint = f"{hint} See README.md, 'Supported Python'.".strip()
         return UnsupportedSyntaxError(message, self.loc(node), hint)
 
     def temp(self) -> str:
@@ -332,14 +335,17 @@ class Converter:
         if self.cur is not None:  # falling off the end returns None
             self.visit_Return(ast.copy_location(ast.Return(None), self.fdef.body[-1]))
         blocks = tuple(Block(b.label, tuple(b.ops), b.term, b.loc) for b in self.blocks)
-        return Function(self.name, self.params, simplify(blocks), self.loc(self.fdef))
+        a = self.fdef.args
+        node = {p.arg: p for p in a.posonlyargs + a.args + a.kwonlyargs}
+        return Function(self.name, self.params, simplify(blocks), self.loc(self.fdef),
+                        tuple(self.loc(node[p]) for p in self.params))
 
     def _params(self) -> tuple[str, ...]:
         a = self.fdef.args
-        if a.vararg or a.kwarg or a.kwonlyargs:
-            raise self.unsupported(self.fdef, "`*args`, `**kwargs` and keyword-only parameters are not supported",
-                                   "use plain positional parameters (pytrees such as tuples and dicts are fine).")
-        return tuple(p.arg for p in a.posonlyargs + a.args)
+        if a.vararg or a.kwarg:
+            raise self.unsupported(self.fdef, "`*args` and `**kwargs` parameters are not supported",
+                                   "name each parameter (pytrees such as tuples and dicts are fine).")
+        return tuple(p.arg for p in a.posonlyargs + a.args + a.kwonlyargs)
 
     def statements(self, stmts: list[ast.stmt]) -> None:
         for stmt in stmts:
@@ -537,6 +543,7 @@ class Converter:
         self.terminate(Jump(self.loops[-1][0]))
 
 
-def convert_function(fn: Callable, name: str, resolve: Resolver) -> Function:
-    """The block IR (Figure 2) of the Python function `fn`."""
-    return Converter(fn, name, resolve).convert()
+def convert_function(fn: Callable, name: str, resolve: Resolver, constants: dict[str, Any] | None = None) -> Function:
+    """The block IR (Figure 2) of the Python function `fn`; parameters named in
+    `constants` are fixed to those values, like closure variables."""
+    return Converter(fn, name, resolve, constants).convert()

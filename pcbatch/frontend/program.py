@@ -5,6 +5,7 @@ import inspect
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
+from pcbatch.frontend.bound import BoundFunction
 from pcbatch.frontend.converter import convert_function
 from pcbatch.frontend.forks import form_forks
 from pcbatch.ir.cfg import closure, duplicate_return_tails
@@ -12,20 +13,22 @@ from pcbatch.ir.core import Call, Program
 from pcbatch.ir.verify import verify_program
 
 
-def build_program(entry: Callable, unwrap: Callable[[Any], Optional[Callable]], fork: bool = True) -> Program:
+def build_program(entry: BoundFunction, unwrap: Callable[[Any], Optional[BoundFunction]],
+                  fork: bool = True) -> Program:
     """Convert `entry` and, transitively, the autobatched functions it calls.
 
-    `unwrap(obj)` returns the Python function behind an autobatched object, or
-    None for anything else; callees are looked up in each function's globals
-    now, so mutual recursion works in any definition order. With `fork`,
-    independent calls in a block become a `Fork` (`form_forks`).
+    `unwrap(obj)` returns the function behind an autobatched object (with any
+    parameters fixed by a partial or a bound method), or None for anything
+    else; callees are looked up in each function's globals now, so mutual
+    recursion works in any definition order. With `fork`, independent calls
+    in a block become a `Fork` (`form_forks`).
     """
-    names: dict[Callable, str] = {}
-    queue: list[Callable] = []
+    names: dict[BoundFunction, str] = {}
+    queue: list[BoundFunction] = []
 
-    def name_for(fn: Callable) -> str:
+    def name_for(fn: BoundFunction) -> str:
         if fn not in names:
-            base = fn.__qualname__.replace(".<locals>.", ".")
+            base = fn.qualname.replace(".<locals>.", ".")
             name, k = base, 1
             while name in names.values():
                 k += 1
@@ -36,13 +39,13 @@ def build_program(entry: Callable, unwrap: Callable[[Any], Optional[Callable]], 
 
     def resolve(obj: Any) -> Optional[tuple[str, inspect.Signature]]:
         fn = unwrap(obj)
-        return None if fn is None else (name_for(fn), inspect.signature(fn))
+        return None if fn is None else (name_for(fn), fn.signature)
 
     entry_name = name_for(entry)
     functions = []
     while queue:
         fn = queue.pop(0)
-        functions.append(convert_function(fn, names[fn], resolve))
+        functions.append(convert_function(fn.fn, names[fn], resolve, dict(fn.constants)))
     # Functions only called from dead code are converted (their errors still
     # count) but are not part of the program.
     calls = {f.name: {op.callee for b in f.blocks for op in b.ops if isinstance(op, Call)} for f in functions}

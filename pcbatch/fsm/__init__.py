@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pcbatch.fsm.base import Auto, Frontier, ReturnsLast, Scheduler, bind
+from pcbatch.errors import OptionError
+
+from pcbatch.fsm.base import Auto, Fair, Frontier, ReturnsLast, Scheduler, bind
 from pcbatch.fsm.baselines import BASELINES, Agenda, Depth, Earliest
 from pcbatch.fsm.graph import ExecGraph, lower_bound
 from pcbatch.fsm.policy import Policy
@@ -33,10 +35,11 @@ def get_scheduler(schedule: Any, prog: Any = None) -> Scheduler:
     if isinstance(schedule, str):
         named = {**BASELINES, "auto": Auto, "returns_last": ReturnsLast}
         if schedule not in named:
-            raise ValueError(f"unknown schedule {schedule!r}; choose from {sorted(named)} or pass a scheduler")
+            raise OptionError("schedule", f"unknown schedule {schedule!r}; choose from {sorted(named)} or pass "
+                                          "a scheduler")
         schedule = named[schedule]()
     elif not hasattr(schedule, "choose") or not hasattr(schedule, "init"):
-        raise TypeError(f"schedule must be a name or have init() and choose(); got {schedule!r}")
+        raise OptionError("schedule", f"must be a name or have init() and choose(); got {schedule!r}")
     return schedule if prog is None else bind(schedule, prog)
 
 
@@ -65,6 +68,6 @@ def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000,
 
 
 __all__ = [
-    "Agenda", "Auto", "Depth", "Earliest", "ReturnsLast", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule",
+    "Agenda", "Auto", "Depth", "Earliest", "Fair", "ReturnsLast", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule",
     "Scheduler", "Simulation", "get_scheduler", "learn", "learn_from_graphs", "lower_bound", "record", "simulate",
 ]

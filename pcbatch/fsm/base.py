@@ -114,6 +114,38 @@ class Auto:
         return "Auto()"
 
 
+class Fair:
+    """Any scheduler, made starvation-free: a block whose lanes have been
+    ready for `patience` steps runs next. Used when `max_steps` is set, so
+    that one runaway example (a loop that never ends keeps its blocks the
+    earliest ready ones) cannot keep the others from finishing."""
+
+    def __init__(self, inner: Any, patience: int | None = None):
+        self.inner, self.patience = inner, patience
+        self.name = f"fair({getattr(inner, 'name', inner)})"
+
+    def for_program(self, prog: Any) -> "Fair":
+        # Every ready block runs at least once per ~patience steps: the others
+        # keep at least a 1/(2 * blocks) share of the machine.
+        return Fair(bind(self.inner, prog), 2 * prog.num_blocks)
+
+    def init(self, num_blocks: int, num_lanes: int) -> Any:
+        return self.inner.init(num_blocks, num_lanes), jnp.zeros(num_blocks, jnp.int32)
+
+    def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:
+        inner_carry, waited = carry
+        block, inner_carry = self.inner.choose(inner_carry, frontier)
+        ready = frontier.counts > 0
+        waited = jnp.where(ready, waited + 1, 0)
+        patience = self.patience if self.patience is not None else 2 * waited.shape[0]
+        overdue = jnp.where(ready, waited, -1)
+        block = jnp.where(jnp.max(overdue) >= patience, jnp.argmax(overdue), block).astype(jnp.int32)
+        return block, (inner_carry, waited.at[block].set(0))
+
+    def __repr__(self) -> str:
+        return f"Fair({self.inner!r})"
+
+
 def bind(scheduler: Any, prog: Any) -> Any:
     """The scheduler specialised to a program, for those that look at it."""
     return scheduler.for_program(prog) if hasattr(scheduler, "for_program") else scheduler

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pcbatch.errors import OptionError
 from pcbatch.fsm import base
 from pcbatch.fsm.base import Frontier
 from pcbatch.fsm.simulate import Simulation
@@ -104,4 +105,4 @@ def by_name(name: str) -> Earliest | Depth | Agenda:
     try:
         return BASELINES[name]()
     except KeyError:
-        raise ValueError(f"unknown schedule {name!r}; expected one of {sorted(BASELINES)}") from None
+        raise OptionError("schedule", f"unknown schedule {name!r}; expected one of {sorted(BASELINES)}") from None

@@ -174,6 +174,7 @@ class Function:
     params: tuple[str, ...]
     blocks: tuple[Block, ...]
     loc: Loc | None = field(default=None, compare=False)
+    param_locs: tuple[Loc | None, ...] = field(default=(), compare=False)  # where each parameter is declared
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,7 @@ class StackProgram:
     stack_of: Mapping[str, str] = field(default_factory=dict)  # stacked variable -> its (shared) stack
     lanes: int | None = None  # set once the machine's size is known
     stack_depth: int | None = None
+    param_locs: Mapping[str, Loc] = field(default_factory=dict, compare=False)  # every function's parameters
 
     @property
     def num_blocks(self) -> int:

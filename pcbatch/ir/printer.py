@@ -1,6 +1,9 @@
 """Readable listings of both IR levels, in the spirit of the jaxpr printer."""
 from __future__ import annotations
 
+import inspect
+import os
+import sys
 from typing import Any, Mapping
 
 import jax
@@ -31,14 +34,59 @@ from pcbatch.ir.core import (
 )
 
 
-def format_type(t: Any) -> str:
-    """`f32[3,4]` for one array; a pytree of types as its structure."""
+def _short(leaf: Any) -> str:
+    name = f"{leaf.dtype.name}[{','.join(map(str, leaf.shape))}]"
+    return name.replace("float", "f").replace("uint", "u").replace("int", "i")
+
+
+def format_type(t: Any, qualified: bool = False) -> str:
+    """`f32[3,4]` for one array; a pytree of types as its structure. With
+    `qualified`, classes are named by module, qualname and the line that
+    defines them (`pkg.mod.Point@mod.py:12`): two classes of one name differ."""
+    if qualified:
+        return _format_qualified(t)
     leaves, treedef = jax.tree_util.tree_flatten(t)
-    names = [f"{leaf.dtype.name}[{','.join(map(str, leaf.shape))}]" for leaf in leaves]
-    short = [n.replace("float", "f").replace("uint", "u").replace("int", "i") for n in names]
+    short = [_short(leaf) for leaf in leaves]
     if treedef == jax.tree_util.tree_structure(0):
         return short[0]
     return str(jax.tree_util.tree_unflatten(treedef, short)).replace("'", "")
+
+
+def class_name(cls: type) -> str:
+    """`module.qualname@file:line`; the line only where it is surely this
+    class's (`collections.namedtuple` has none, and inspect would find
+    another class of the same name)."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    module = sys.modules.get(cls.__module__)
+    if "<locals>" not in cls.__qualname__:
+        owner = module
+        for part in cls.__qualname__.split("."):
+            owner = getattr(owner, part, None)
+        if owner is not cls:
+            return name
+    try:
+        _, line = inspect.getsourcelines(cls)
+        return f"{name}@{os.path.basename(inspect.getsourcefile(cls) or '?')}:{line}"
+    except (OSError, TypeError):
+        return name
+
+
+def _format_qualified(t: Any) -> str:
+    if t is None:
+        return "None"
+    kids, treedef = jax.tree_util.tree_flatten(t, is_leaf=lambda x: x is not t)
+    if jax.tree_util.treedef_is_leaf(treedef):
+        return _short(t)
+    inner = [_format_qualified(k) for k in kids]
+    if isinstance(t, tuple) and hasattr(t, "_fields"):
+        return f"{class_name(type(t))}({', '.join(f'{f}={v}' for f, v in zip(t._fields, inner))})"
+    if type(t) is tuple:
+        return f"({', '.join(inner)}{',' if len(inner) == 1 else ''})"
+    if type(t) is list:
+        return f"[{', '.join(inner)}]"
+    if type(t) is dict:
+        return "{" + ", ".join(f"{k}: {v}" for k, v in zip(sorted(t), inner)) + "}"
+    return f"{class_name(type(t))}({', '.join(inner)})"
 
 
 class _Names:

@@ -24,9 +24,15 @@ def _live_after_ops(block: Block, live_out: set[str]) -> list[set[str]]:
     return out
 
 
-def coalesce_copies(blocks: tuple[Block, ...], live_out: list[set[str]], keep: set[str]) -> tuple[Block, ...]:
+def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out: list[set[str]], keep: set[str],
+                    call_rets: dict[int, str]) -> tuple[Block, ...]:
     """Rename u to v for each copy `v = u` whose source is used nowhere else and
-    never live at the same time as v. Variables in `keep` are never renamed away."""
+    never live at the same time as v. Variables in `keep` are never renamed away.
+
+    A call to g writes `g.<ret>` (`call_rets`) on the edge to its
+    continuation, where no op shows it: the other of u, v live across that
+    call is a clash too (`return r` with r kept across a self call would
+    otherwise make r the return slot the callee overwrites)."""
     uses: dict[str, int] = {}
     for b in blocks:
         for op in b.ops:
@@ -51,6 +57,9 @@ def coalesce_copies(blocks: tuple[Block, ...], live_out: list[set[str]], keep: s
                     if (u in op_writes(other) and v in after[j][m]) or (
                             v in op_writes(other) and (j, m) != (i, k) and u in after[j][m]):
                         clash = True
+            for c, ret in call_rets.items():
+                if ret in (u, v) and (v if ret == u else u) in live_in[blocks[c].term.ret]:
+                    clash = True
             if not clash:
                 renames[u] = v
                 taken.add(v)

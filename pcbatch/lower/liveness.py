@@ -32,6 +32,26 @@ def exit_live(blocks: tuple[Block, ...], block_function: tuple[str, ...], ret_va
     return {i: {ret_var(block_function[i])} for i, b in enumerate(blocks) if isinstance(b.term, Return)}
 
 
+def call_returns(blocks: tuple[Block, ...], block_function: tuple[str, ...], ret_var) -> dict[int, str]:
+    """For each call block: its callee's return value. The callee writes it, so
+    on the edge to the continuation it is defined, not carried: what the
+    caller read of it before the call is dead across the call."""
+    return {i: ret_var(block_function[b.term.target]) for i, b in enumerate(blocks) if isinstance(b.term, PushJump)}
+
+
+def live_out(i: int, live_in: list[set[str]], succ: list[tuple[int, ...]], at_exit: dict[int, set[str]],
+             blocks: tuple[Block, ...], call_rets: dict[int, str] | None = None) -> set[str]:
+    """What is live after block i (the continuation's live set less the
+    callee's return value, for a call)."""
+    out = set(at_exit.get(i, ()))
+    for s in succ[i]:
+        if call_rets and i in call_rets and s == blocks[i].term.ret:
+            out |= live_in[s] - {call_rets[i]}
+        else:
+            out |= live_in[s]
+    return out
+
+
 def use_def(block: Block) -> tuple[set[str], set[str]]:
     use: set[str] = set()
     defs: set[str] = set()
@@ -43,7 +63,8 @@ def use_def(block: Block) -> tuple[set[str], set[str]]:
 
 
 def liveness(blocks: tuple[Block, ...], succ: list[tuple[int, ...]],
-             at_exit: dict[int, set[str]], saves: dict[int, tuple[set[str], int]] | None = None) -> list[set[str]]:
+             at_exit: dict[int, set[str]], saves: dict[int, tuple[set[str], int]] | None = None,
+             call_rets: dict[int, str] | None = None) -> list[set[str]]:
     """live_in for every block. Caller-saves stacks make this per-frame view
     sound: whatever a caller needs after a call that the callee may
     overwrite, the caller pushes.
@@ -51,7 +72,12 @@ def liveness(blocks: tuple[Block, ...], succ: list[tuple[int, ...]],
     `saves[i] = (clobbered, n)` for a call block i whose last `n` ops assign
     the callee's parameters: the variables live after the call that the
     callee may clobber are pushed (read) just before those ops, so that
-    assignment does not end their life in the caller (recursion shares names)."""
+    assignment does not end their life in the caller (recursion shares names).
+
+    `call_rets` (`call_returns`): the callee's return value is not live
+    across its call. (Without this, `g.<ret>` read after a call inside g
+    looks live at g's entry, so across every call that reaches g, and is
+    saved around calls from g's callers.)"""
     saves = saves or {}
     ud = [use_def(b) for b in blocks]
     head = {i: use_def(replace(blocks[i], ops=blocks[i].ops[:len(blocks[i].ops) - n], term=Jump(0)))
@@ -63,7 +89,7 @@ def liveness(blocks: tuple[Block, ...], succ: list[tuple[int, ...]],
     while changed:
         changed = False
         for i in reversed(range(len(blocks))):
-            out = set(at_exit.get(i, ())).union(*(live_in[s] for s in succ[i]))
+            out = live_out(i, live_in, succ, at_exit, blocks, call_rets)
             if i in saves:
                 pushed = live_in[blocks[i].term.ret] & saves[i][0]
                 (u1, d1), (u2, d2) = head[i], tail[i]

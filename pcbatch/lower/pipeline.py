@@ -10,7 +10,7 @@ from pcbatch.ir.verify import verify_stack_program
 from pcbatch.lower.calls import merge_functions, ret_var
 from pcbatch.lower.coalesce import coalesce_copies
 from pcbatch.lower.constants import find_constants, find_invariants, qualify
-from pcbatch.lower.liveness import block_successors, classify, exit_live, liveness
+from pcbatch.lower.liveness import block_successors, call_returns, classify, exit_live, live_out, liveness
 from pcbatch.lower.stacks import call_sites, eliminate_pop_push, insert_saves, share_stacks, stack_conflicts
 from pcbatch.lower.types import infer_types, type_key
 
@@ -53,26 +53,32 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     params_of = {f.name: tuple(qualify(f.name, p) for p in f.params) for f in program.functions}
     # Return values a Join reads from children's lanes: never renamed, always stored.
     joined = {r for b in blocks for op in b.ops if isinstance(op, Join) for r in op.rets}
-    keep_names = {ret_var(entry_fn.name)} | set(params_of[program.entry]) | set(consts) | joined
-    live_in = liveness(blocks, succ, at_exit, call_sites(blocks, block_function, params_of))
-    live_out = [set(at_exit.get(i, ())).union(*(live_in[s] for s in succ[i])) for i in range(len(blocks))]
-    blocks = coalesce_copies(blocks, live_out, keep_names)
+    # Every `<ret>` keeps its name, so `rets` stays true after coalescing (a
+    # local may still be renamed *to* one).
+    keep_names = ({ret_var(f.name) for f in program.functions} | set(params_of[program.entry]) | set(consts)
+                  | joined)
+    rets = call_returns(blocks, block_function, ret_var)
+    live_in = liveness(blocks, succ, at_exit, call_sites(blocks, block_function, params_of), rets)
+    outs = [live_out(i, live_in, succ, at_exit, blocks, rets) for i in range(len(blocks))]
+    blocks = coalesce_copies(blocks, live_in, outs, keep_names, rets)
     sites = call_sites(blocks, block_function, params_of)
-    blocks = insert_saves(blocks, block_function, liveness(blocks, succ, at_exit, sites), params_of)
+    blocks = insert_saves(blocks, block_function, liveness(blocks, succ, at_exit, sites, rets), params_of)
     blocks = tuple(eliminate_pop_push(b) for b in blocks)
 
     entry_params = params_of[program.entry]
     result = ret_var(entry_fn.name)
     inputs = {p for p in entry_params if p in consts}
-    live_in = liveness(blocks, succ, at_exit)
+    live_in = liveness(blocks, succ, at_exit, call_rets=rets)
     keep = {result} | {p for p in entry_params if p not in consts} | joined
     classes = classify(blocks, live_in, set(consts), keep)
     crossing = frozenset(set().union(*live_in) | keep) - set(consts)
     prelude = _order_prelude(m.prelude, consts, inputs)
     classes.update({v: CONSTANT for v in machine_consts})
     classes.update({v: INVARIANT for v in invariants})
+    param_locs = {qualify(f.name, p): loc for f in program.functions for p, loc in zip(f.params, f.param_locs)
+                  if loc is not None}
     prog = StackProgram(blocks, entry_block, entry_params, result, prelude, classes, {}, block_function,
-                        stack_conflicts(blocks), crossing=crossing)
+                        stack_conflicts(blocks), crossing=crossing, param_locs=param_locs)
     verify_stack_program(prog)
     return prog
 

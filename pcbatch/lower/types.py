@@ -25,17 +25,26 @@ def type_key(t: Any) -> tuple:
     return treedef, tuple((l.shape, l.dtype, getattr(l, "weak_type", False)) for l in leaves)
 
 
+def _mismatch(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None) -> TypeMismatchError:
+    first, second = format_type(a), format_type(b)
+    if first == second:  # e.g. two classes of one name: name them fully
+        first, second = format_type(a, qualified=True), format_type(b, qualified=True)
+    if first == second:
+        second += " (a different tree structure that prints the same)"
+    return TypeMismatchError(var, first, a_loc, second, b_loc)
+
+
 def join(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None) -> Any:
     la, ta = jax.tree_util.tree_flatten(a)
     lb, tb = jax.tree_util.tree_flatten(b)
     if ta != tb or any(x.shape != y.shape for x, y in zip(la, lb)):
-        raise TypeMismatchError(var, format_type(a), a_loc, format_type(b), b_loc)
+        raise _mismatch(var, a, a_loc, b, b_loc)
     out = []
     for x, y in zip(la, lb):
         try:
             dtype = jnp.result_type(x, y)
         except TypeError as e:
-            raise TypeMismatchError(var, format_type(a), a_loc, format_type(b), b_loc) from e
+            raise _mismatch(var, a, a_loc, b, b_loc) from e
         weak = getattr(x, "weak_type", False) and getattr(y, "weak_type", False)
         out.append(jax.ShapeDtypeStruct(x.shape, dtype, weak_type=weak))
     return jax.tree_util.tree_unflatten(ta, out)
@@ -55,7 +64,7 @@ def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
 
 def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, Any]:
     types: dict[str, Any] = dict(input_types)
-    origin: dict[str, Loc | None] = {v: None for v in input_types}
+    origin: dict[str, Loc | None] = {v: prog.param_locs.get(v) for v in input_types}  # an input: its parameter
     cache: dict[tuple, tuple] = {}
     ops: list[Prim] = list(prog.prelude) + [op for b in prog.blocks for op in b.ops if isinstance(op, Prim)]
     # A Fork's parameter assignments and a Join's results type like copies.

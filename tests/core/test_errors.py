@@ -213,13 +213,12 @@ def uses_match(n):
     return n
 
 
-@pcbatch.autobatch
 def uses_varargs(*ns):  # BAD
     return ns[0]
 
 
 @pcbatch.autobatch
-def uses_kwonly(n, *, k=1):  # BAD
+def uses_kwonly(n, *, k=1):
     return n + k
 
 
@@ -259,7 +258,7 @@ UNSUPPORTED = [
     uses_try, uses_with, uses_yield, uses_lambda_ifexp, uses_lambda_boolop, uses_nested_def, uses_global,
     uses_nonlocal, uses_del, uses_for_over_array, uses_for_over_reversed, uses_while_else, uses_for_else,
     uses_walrus, uses_subscript_assign, uses_subscript_augassign, uses_raise, uses_assert, uses_import,
-    uses_class, uses_match, uses_varargs, uses_kwonly, uses_starred_call, uses_bad_call_signature,
+    uses_class, uses_match, uses_starred_call, uses_bad_call_signature,
     uses_call_in_comprehension, uses_tuple_loop_target, uses_zero_step,
 ]
 
@@ -267,8 +266,6 @@ UNSUPPORTED = [
 def _call(f):
     if f is uses_for_over_array or f is uses_subscript_assign or f is uses_subscript_augassign:
         return f(np.zeros((4, 3), np.int32))
-    if f is uses_varargs:
-        return f(N, N)
     return f(N)
 
 
@@ -287,6 +284,22 @@ def test_unsupported_syntax(f):
     # .ir() reports the same error.
     with pytest.raises(UnsupportedSyntaxError):
         f.ir()
+
+
+def test_varargs_is_an_error_at_decoration():
+    lineno, code = marked(uses_varargs)
+    with pytest.raises(UnsupportedSyntaxError) as info:
+        pcbatch.autobatch(uses_varargs)
+    assert info.value.lineno == lineno and code in str(info.value)
+    assert "*ns" in str(info.value) and "Supported Python" in str(info.value)
+
+
+def test_keyword_only_parameters_bind_like_python():
+    n = np.array([1, 2, 3], np.int32)
+    np.testing.assert_array_equal(uses_kwonly(n), n + 1)
+    np.testing.assert_array_equal(uses_kwonly(n, k=np.array([5, 6, 7], np.int32)), n + [5, 6, 7])
+    with pytest.raises(pcbatch.ArgumentError, match="positional"):
+        uses_kwonly(n, n)
 
 
 def test_autobatch_of_a_lambda():

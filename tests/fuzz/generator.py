@@ -13,6 +13,11 @@ mutual recursion, tail calls, calls nested in arguments, keyword arguments and
 parameter defaults, and (sometimes) an entry argument shared by the batch
 (`in_axes=None`).
 
+The entry call itself binds like Python: some arguments by keyword, in any
+order, defaults skipped (a later keyword after an omitted default); batches
+of 0 and 1 examples; and sometimes tight `max_steps`/`max_stack_depth` limits,
+under which every example the machine does not flag must still be exact.
+
 Every generated program is well-defined Python that terminates quickly:
 
 * Every variable is assigned at the top of the function, so it is defined on
@@ -50,7 +55,7 @@ MAX_CALL_SITES = 3      # per function
 CALL_BUDGET = 40        # bound on calls per example (static estimate)
 WORK_BUDGET = 600       # bound on executed statements per example (static estimate)
 MAX_INPUT_DEPTH = 7
-BATCH_SIZES = (1, 3, 8)
+BATCH_SIZES = (0, 1, 3, 8)
 SMALL = 8               # statements per function in `make test` (keeps XLA compile time low)
 LARGE = 14              # for `make fuzz`
 
@@ -63,11 +68,29 @@ class FuzzCase:
     max_depth: int                    # largest input depth the budget allows
     inputs: tuple[np.ndarray, ...]    # one array per parameter (batched on axis 0 unless in_axes says None)
     in_axes: tuple[Any, ...] = ()
+    passing: tuple[str, ...] = ()     # per parameter: 'pos', 'kw' or 'omit' (its default is used)
+    limits: dict[str, int] | None = None  # max_steps / max_stack_depth, tight enough to stop some examples
+
+    def call_args(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The entry call's positional and keyword arguments (keywords in a drawn order)."""
+        passing = self.passing or ("pos",) * len(self.inputs)
+        args = tuple(x for x, how in zip(self.inputs, passing) if how == "pos")
+        order = [int(k) for k in self.kw_order] if self.kw_order else range(len(self.inputs))
+        names = self.param_names()
+        kwargs = {names[k]: self.inputs[k] for k in order if passing[k] == "kw"}
+        return args, kwargs
+
+    kw_order: tuple[int, ...] = ()
 
     def describe(self) -> str:
-        args = ", ".join(f"{k}={np.asarray(x).tolist()!r}" for k, x in zip(self.param_names(), self.inputs))
-        shared = "" if all(ax == 0 for ax in self.in_axes) else f"  # in_axes={self.in_axes!r}"
-        return f"--- program ---\n{self.source}--- inputs ---\n{self.entry}({args}){shared}\n"
+        args, kwargs = self.call_args()
+        text = [repr(np.asarray(x).tolist()) for x in args] + [f"{k}={np.asarray(x).tolist()!r}"
+                                                                for k, x in kwargs.items()]
+        notes = [] if all(ax == 0 for ax in self.in_axes) else [f"in_axes={self.in_axes!r}"]
+        if self.limits:
+            notes.append(f"options {self.limits}")
+        note = f"  # {'; '.join(notes)}" if notes else ""
+        return f"--- program ---\n{self.source}--- inputs ---\n{self.entry}({', '.join(text)}){note}\n"
 
     def param_names(self) -> list[str]:
         return _param_names(self.param_kinds)
@@ -97,6 +120,7 @@ class _Func:
     n_locals: int
     has_float: bool
     default: int | None = None   # default value of the last parameter (an int) if any
+    default_prev: int | None = None  # and of the one before it (entry only; needs `default`)
     decorator: str = "@pcbatch.autobatch"
     calls: int = 0           # call sites emitted so far
     branching: int = 0       # sum over call sites of the enclosing loops' trip bounds
@@ -476,7 +500,9 @@ class _Builder:
         me = self.me
         names = _param_names(me.kinds)
         ctx = _Ctx()
-        params = names[:-1] + [f"{names[-1]}={me.default}"] if me.default is not None else names
+        params = names[:-1] + [f"{names[-1]}={me.default}"] if me.default is not None else list(names)
+        if me.default_prev is not None:
+            params[-2] = f"{names[-2]}={me.default_prev}"
         header = [me.decorator, f"def {me.name}({', '.join(params)}):"]
         ints = [n for n, k in zip(names, me.kinds) if k == "i"]
         for j in range(me.n_locals):
@@ -538,6 +564,12 @@ def programs(draw: Callable, max_stmts: int = SMALL) -> tuple[str, tuple[str, ..
         funcs[0].decorator = f"@pcbatch.autobatch(in_axes={in_axes!r})"
     if n_funcs == 2 and funcs[1].kinds[-1] == "i" and draw(st.integers(0, 2)) == 0:
         funcs[1].default = draw(st.integers(-3, 5))
+    entry = funcs[0]
+    if entry.kinds[-1] == "i" and draw(st.integers(0, 2)) == 0:
+        # entry defaults: the call may skip them, or skip one and pass a later one by keyword
+        entry.default = draw(st.integers(-3, 5))
+        if entry.kinds[-2] == "i" and draw(st.booleans()):
+            entry.default_prev = draw(st.integers(-3, 5))
     lines = ["import jax.numpy as jnp", "import pcbatch", "", _PRELUDE]
     for j, me in enumerate(funcs):
         if draw(st.integers(0, 4)) == 0 and n_funcs == 1:
@@ -556,14 +588,17 @@ def programs(draw: Callable, max_stmts: int = SMALL) -> tuple[str, tuple[str, ..
             max_depth += 1
     else:
         max_depth = 3
-    return "\n".join(lines) + "\n", funcs[0].kinds, max_depth, in_axes
+    defaults = (entry.default_prev is not None) + (entry.default is not None)
+    return "\n".join(lines) + "\n", funcs[0].kinds, max_depth, in_axes, defaults
 
 
 @st.composite
 def fuzz_cases(draw: Callable, max_stmts: int = SMALL, batch_sizes: tuple[int, ...] = BATCH_SIZES) -> FuzzCase:
     """A random program and a random batch of inputs for its entry function `f0`."""
-    source, kinds, max_depth, in_axes = draw(programs(max_stmts))
-    batch = draw(st.sampled_from(batch_sizes))
+    source, kinds, max_depth, in_axes, defaults = draw(programs(max_stmts))
+    # Few empty batches: they compile nothing, but are a case of their own.
+    batch = draw(st.sampled_from(batch_sizes if draw(st.integers(0, 9)) == 0 else
+                                 tuple(b for b in batch_sizes if b > 0) or batch_sizes))
     inputs = []
     for k, axis in zip(kinds, in_axes):
         if axis is None:
@@ -579,4 +614,22 @@ def fuzz_cases(draw: Callable, max_stmts: int = SMALL, batch_sizes: tuple[int, .
         else:
             xs = draw(st.lists(st.integers(-32, 32), min_size=batch, max_size=batch))
             inputs.append(np.asarray(xs, np.float32) * np.float32(0.25))
-    return FuzzCase(source, "f0", kinds, max_depth, tuple(inputs), in_axes)
+    n = len(kinds)
+    passing = ["pos"] * n
+    if draw(st.integers(0, 2)) == 0:  # a keyword suffix (Python allows no positional after a keyword)
+        cut = draw(st.integers(1, n))
+        passing[cut:] = ["kw"] * (n - cut)
+    for k in range(n - defaults, n):
+        if draw(st.booleans()):
+            passing[k] = "omit"
+    if "omit" in passing:  # nothing positional may follow an omitted argument
+        first = passing.index("omit")
+        passing[first:] = [p if p == "omit" else "kw" for p in passing[first:]]
+    if all(p == "omit" or ax is None for p, ax in zip(passing, in_axes)):
+        passing[0] = "pos"  # something must be batched
+    kw_order = tuple(draw(st.permutations(range(n))))
+    limits = None
+    if batch > 0 and draw(st.integers(0, 9)) == 0:
+        limits = draw(st.sampled_from([{"max_steps": draw(st.integers(1, 60))},
+                                       {"max_stack_depth": draw(st.integers(1, 4))}]))
+    return FuzzCase(source, "f0", kinds, max_depth, tuple(inputs), in_axes, tuple(passing), limits, kw_order)

@@ -48,16 +48,30 @@ def test_junk_in_padding_rows_gives_no_nan():
     check_vjp(junk_fork, (jnp.asarray([0.5, 2.0, 1.5]), jnp.asarray([3, 0, 2])), positions=(0,))
 
 
-def test_forward_mode_raises_pcbatch_error():
+@pytest.mark.parametrize("f", [junk, junk_fork], ids=["plain", "fork"])
+def test_forward_mode_equals_reverse_mode(f):
+    """jax.jvp / jax.jacfwd differentiate the machine itself (JAX's forward
+    mode of a while loop), eagerly and under jit."""
+    x, n = jnp.asarray([1.0, 4.0, 0.5]), jnp.asarray([1, 0, 2])
+    jac = jax.jacrev(lambda x: f(x, n))(x)
+    t = jnp.asarray([1.0, -2.0, 0.5])
+    y, dy = jax.jvp(lambda x: f(x, n), (x,), (t,))
+    assert_close(y, f(x, n))
+    assert_close(dy, jac @ t)
+    assert_close(jax.jacfwd(lambda x: f(x, n))(x), jac)
+    _, dy_jit = jax.jit(lambda x, t: jax.jvp(lambda x: f(x, n), (x,), (t,)))(x, t)
+    assert_close(dy_jit, jac @ t)
+    if f is junk:  # the per-example derivative by hand
+        expected = np.where(np.asarray(n) > 0, 0.5 / np.sqrt(x) - 1.0 / x ** 2 + 1.0 / x, 2.0)
+        assert_close(jnp.diag(jac), expected)
+
+
+def test_forward_over_reverse_raises_pcbatch_error():
     x, n = jnp.asarray([1.0, 2.0]), jnp.asarray([1, 0])
-    with pytest.raises(pcbatch.ForwardModeError, match="jax.grad, jax.value_and_grad, jax.vjp or jax.jacrev"):
-        jax.jvp(lambda x: junk(x, n), (x,), (x,))
-    with pytest.raises(pcbatch.ForwardModeError):
-        jax.jacfwd(lambda x: junk(x, n))(x)
+    for hessian in (jax.hessian(lambda x: junk(x, n).sum()), jax.jit(jax.hessian(lambda x: junk(x, n).sum()))):
+        with pytest.raises(pcbatch.ForwardModeError, match="jax.grad, jax.value_and_grad, jax.vjp or jax.jacrev"):
+            hessian(x)
     assert issubclass(pcbatch.ForwardModeError, pcbatch.PcbatchError)
-    # reverse mode's Jacobian works: row i is example i
-    jac = jax.jacrev(lambda x: junk(x, n))(jnp.asarray([1.0, 4.0]))
-    assert_close(jac, jnp.diag(jnp.asarray([0.5 - 1.0 + 1.0, 2.0])))
 
 
 @pcbatch.autobatch(in_axes=(None, 0, 0), max_stack_depth=4, max_steps=200)

@@ -1,6 +1,10 @@
 """Bugs the fuzzer found, kept as regressions (each compared with plain Python)."""
+from typing import Any, NamedTuple
+
+import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import pcbatch
 
@@ -83,3 +87,165 @@ def test_fork_with_per_example_invariant_arguments():
     d = jnp.array([0, 3, 5])
     assert "fork" in str(forks_invariant_args.ir())
     np.testing.assert_array_equal(forks_invariant_args(d, 0), forks_invariant_args.reference(d, 0))
+
+
+# --- a function's return value is not live across its own call (issue 16, item 9) ---
+# A port of TFP's recursive NUTS (tfp.experimental.mcmc.nuts_autobatching):
+# `build_tree` returns a 6-tuple (three Points: 15 arrays), unpacked into
+# locals before the second recursive call; `evolve` calls it from a loop.
+
+
+class Point(NamedTuple):
+    state: Any
+    logp: Any
+    grad: Any
+    mom: Any
+
+
+def _where(c, a, b):
+    return jax.tree_util.tree_map(lambda u, v: jnp.where(c, u, v), a, b)
+
+
+def _leapfrog(cur, step, direction):
+    s = direction * step
+    m = cur.mom + 0.5 * s * cur.grad
+    x = cur.state + s * m
+    m = m + 0.5 * s * -x
+    return Point(x, -0.5 * jnp.sum(x * x), -x, m)
+
+
+@pcbatch.autobatch
+def many_steps(num_steps, cur, step, log_slice, leapfrogs):
+    if num_steps > 0:
+        nxt, new_leapfrogs = evolve(cur, cur, cur, step, log_slice, 0, 1, 0, True)
+        return many_steps(num_steps - 1, nxt, step, log_slice, leapfrogs + new_leapfrogs)
+    return cur, leapfrogs
+
+
+@pcbatch.autobatch
+def evolve(reverse, forward, next_, step, log_slice, depth, num_states, leapfrogs, cont):
+    if cont:
+        direction = jnp.where(forward.state[0] > 0, -1.0, 1.0)
+        into = _where(direction < 0, reverse, forward)
+        reverse_out, forward_out, next_in_subtree, n_sub, more, cont = build_tree(into, direction, depth, step,
+                                                                                  log_slice)
+        reverse = _where(direction < 0, reverse_out, reverse)
+        forward = _where(direction < 0, forward, forward_out)
+        next_ = _where(cont & (n_sub * 2 > num_states), next_in_subtree, next_)
+        cont = cont & (depth < 3) & (jnp.sum((forward.state - reverse.state) * forward.mom) > 0)
+        return evolve(reverse, forward, next_, step, log_slice, depth + 1, num_states + n_sub, leapfrogs + more,
+                      cont)
+    return next_, leapfrogs
+
+
+@pcbatch.autobatch
+def build_tree(cur, direction, depth, step, log_slice):
+    if depth > 0:
+        reverse, forward, next_, num_states, leapfrogs, cont = build_tree(cur, direction, depth - 1, step,
+                                                                          log_slice)
+        more = 0
+        if cont:
+            in_ = _where(direction < 0, reverse, forward)
+            rev_out, fwd_out, far, far_n, more, far_cont = build_tree(in_, direction, depth - 1, step, log_slice)
+            reverse = _where(direction < 0, rev_out, reverse)
+            forward = _where(direction < 0, forward, fwd_out)
+            num_states = num_states + far_n
+            next_ = _where(far_n * 2 > num_states, far, next_)
+            cont = far_cont & (jnp.sum((forward.state - reverse.state) * forward.mom) > 0)
+        return reverse, forward, next_, num_states, leapfrogs + more, cont
+    next_ = _leapfrog(cur, step, direction)
+    joint = next_.logp - 0.5 * jnp.sum(next_.mom ** 2)
+    return next_, next_, next_, jnp.where(joint > log_slice, 1, 0), 1, joint > log_slice - 1000.0
+
+
+def _nuts_args():
+    x = jnp.arange(10, dtype=jnp.float32).reshape(5, 2) / 4 - 0.6
+    cur = Point(x, -0.5 * jnp.sum(x * x, 1), -x, jnp.ones((5, 2)) * jnp.array([[1.0], [-0.5], [0.3], [2.0], [1.0]]))
+    return jnp.array([0, 1, 2, 3, 4]), cur, jnp.full((5,), 0.1), jnp.full((5,), -3.0), jnp.zeros(5, jnp.int32)
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_tuple_return_unpacked_before_second_call_is_never_stacked(fork):
+    f = many_steps.with_options(fork=fork)
+    args = _nuts_args()
+    prog = f.lowered(*args)
+    assert "build_tree.<ret>" in prog.vars_of_class("register")
+    assert not any(v.endswith(".<ret>") for v in prog.vars_of_class("stacked"))
+    _assert_trees_close(f(*args), f.reference(*args))
+
+
+def _assert_trees_close(out, ref):
+    assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(ref)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), out, ref)
+
+
+# What the return value may be coalesced with: a local that is live across a
+# call of its own function must keep its own slot (the callee writes `<ret>`).
+
+
+@pcbatch.autobatch
+def first_result_kept_across_second_call(d, x):
+    if d <= 0:
+        return x, x * 2
+    r = first_result_kept_across_second_call(d - 1, x + 1)  # read once: `return r` copies it
+    a, b = first_result_kept_across_second_call(d - 1, x + 3)
+    if a > b - 2 * x:
+        return r
+    return a + 1, b
+
+
+@pcbatch.autobatch
+def unpacked_then_returned_whole(d, x):
+    if d <= 0:
+        return x, x + 1, x % 3
+    first = unpacked_then_returned_whole(d - 1, x + 1)
+    a, b, c = first
+    a2, b2, c2 = unpacked_then_returned_whole(d - 1, a + b)
+    out = first if c2 > c else (a2, b2 + a, c2)
+    return out
+
+
+@pcbatch.autobatch
+def kept_past_a_branch_call(d, x):
+    if d <= 0:
+        return x, x * 2
+    r = kept_past_a_branch_call(d - 1, x + 1)
+    s = x
+    if x % 2 == 0:  # the second call in another block: no fork
+        a, b = kept_past_a_branch_call(d - 1, x + 3)
+        s = b - a
+    if s > 0:
+        return r
+    return s, s + 1
+
+
+@pytest.mark.parametrize("fork", [True, False])
+@pytest.mark.parametrize("fn", [first_result_kept_across_second_call, unpacked_then_returned_whole,
+                                kept_past_a_branch_call])
+def test_value_live_across_a_self_call_keeps_its_own_slot(fn, fork):
+    f = fn.with_options(fork=fork)
+    d, x = jnp.array([0, 1, 2, 3, 4, 5]), jnp.array([3, -2, 7, 1, 0, 5])
+    _assert_trees_close(f(d, x), f.reference(d, x))
+
+
+@pcbatch.autobatch
+def hof_female(n):
+    if n <= 0:
+        return 1
+    return n - hof_male(hof_female(n - 1))
+
+
+@pcbatch.autobatch
+def hof_male(n):
+    if n <= 0:
+        return 0
+    return n - hof_female(hof_male(n - 1))
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_mutual_recursion_saves_no_return_value(fork):
+    # Each `<ret>` is copied out right after its call: neither lives across one.
+    f = hof_female.with_options(fork=fork)
+    n = jnp.arange(12)
+    assert f.lowered(n).vars_of_class("stacked") == ("hof_female.n", "hof_male.n")
+    np.testing.assert_array_equal(f(n), f.reference(n))

@@ -1,0 +1,46 @@
+"""A function with some parameters fixed: what `functools.partial` and bound
+methods give. The fixed values are constants of the program, like a closure's
+variables (as `jax.vmap` treats them); the rest are its parameters."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass(frozen=True, eq=False)
+class BoundFunction:
+    fn: Callable
+    constants: tuple[tuple[str, Any], ...] = ()
+    signature: inspect.Signature = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        fixed = {name for name, _ in self.constants}
+        sig = inspect.signature(self.fn)
+        object.__setattr__(self, "signature", sig.replace(
+            parameters=[p for name, p in sig.parameters.items() if name not in fixed]))
+
+    @property
+    def qualname(self) -> str:
+        return self.fn.__qualname__
+
+    def _key(self) -> tuple:
+        # The same function bound to the same objects (a method reached through
+        # `self.f` twice gives two bound-method objects but one function).
+        return (self.fn, tuple((name, id(value)) for name, value in self.constants))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BoundFunction) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Calls the Python function (the reference semantics)."""
+        bound = self.signature.bind(*args, **kwargs)
+        values = {**dict(self.constants), **bound.arguments}
+        params = inspect.signature(self.fn).parameters
+        positional = [values[name] for name, p in params.items() if p.kind is p.POSITIONAL_ONLY and name in values]
+        keywords = {name: values[name] for name, p in params.items() if p.kind is not p.POSITIONAL_ONLY
+                    and name in values}
+        return self.fn(*positional, **keywords)

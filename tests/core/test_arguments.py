@@ -1,0 +1,174 @@
+"""Arguments bind the way Python binds them, and follow `in_axes` per parameter.
+
+Every result is checked against the plain Python function run per example
+(`jax.vmap` where it accepts the same call, or a loop)."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pcbatch
+
+XS = jnp.arange(4.0)
+NS = jnp.array([0, 1, 2, 3])
+
+
+def loop(fn, *batched, **shared):
+    """The per-example Python results, stacked."""
+    return np.stack([np.asarray(fn(*(b[i] for b in batched), **shared)) for i in range(len(batched[0]))])
+
+
+def affine_py(x, a=2.0, b=0.0):
+    return a * x + b
+
+
+affine = pcbatch.autobatch(affine_py, fork=False)
+
+
+@pytest.mark.parametrize("call, expected", [
+    (lambda f: f(XS), lambda: loop(affine_py, XS)),
+    (lambda f: f(XS, b=10.0), lambda: loop(affine_py, XS, b=10.0)),          # the skipped default stays
+    (lambda f: f(XS, 3.0), lambda: loop(affine_py, XS, a=3.0)),
+    (lambda f: f(b=1.0, x=XS, a=-1.0), lambda: loop(affine_py, XS, a=-1.0, b=1.0)),
+    (lambda f: f(XS, b=XS), lambda: loop(lambda x: affine_py(x, b=x), XS)),   # a batched keyword
+])
+def test_positional_keyword_and_defaults(call, expected):
+    np.testing.assert_allclose(call(affine), expected())
+    np.testing.assert_allclose(jax.jit(lambda: call(affine))(), expected())
+
+
+def test_keyword_binding_under_jit_with_traced_keyword():
+    out = jax.jit(lambda x, b: affine(x, b=b))(XS, jnp.float32(10.0))
+    np.testing.assert_allclose(out, loop(affine_py, XS, b=10.0))
+
+
+def kw_only_py(x, *, scale=1.0, shift=0.0):
+    return x * scale + shift
+
+
+def test_keyword_only_parameters():
+    f = pcbatch.autobatch(kw_only_py, fork=False)
+    np.testing.assert_allclose(f(XS, shift=2.0), loop(kw_only_py, XS, shift=2.0))
+    np.testing.assert_allclose(f(XS, scale=XS), XS * XS)
+
+
+def test_in_axes_per_parameter_follows_keywords():
+    w = jnp.array([1.0, -1.0])
+    xs = jnp.ones((3, 2))
+    f = pcbatch.autobatch(lambda_free_dot, in_axes=(None, 0), fork=False)
+    np.testing.assert_allclose(f(w=w, x=xs), xs @ w)          # both by keyword
+    np.testing.assert_allclose(f(w, x=xs), xs @ w)
+    g = pcbatch.autobatch(lambda_free_dot, in_axes={"w": None}, fork=False)
+    np.testing.assert_allclose(g(w, xs), xs @ w)
+
+
+def lambda_free_dot(w, x):
+    return jnp.dot(w, x)
+
+
+def test_in_axes_nonzero_axis():
+    xs = jnp.arange(6.0).reshape(2, 3)  # batch along axis 1
+    f = pcbatch.autobatch(affine_py, in_axes=1, fork=False)
+    np.testing.assert_allclose(f(xs), jax.vmap(affine_py, in_axes=1)(xs))
+
+
+def test_python_numbers_lists_and_numpy_scalars():
+    np.testing.assert_allclose(affine([0.0, 1.0, 2.0]), loop(affine_py, jnp.asarray([0.0, 1.0, 2.0])))
+    np.testing.assert_allclose(affine(XS, np.float32(3.0)), loop(affine_py, XS, a=3.0))
+    np.testing.assert_allclose(affine(XS, [2.0, 2.0, 2.0, 2.0]), loop(affine_py, XS, XS * 0 + 2.0))
+
+
+def test_bad_arguments_are_named_errors():
+    with pytest.raises(pcbatch.ArgumentError, match="argument `x` holds a string"):
+        affine("abc")
+    with pytest.raises(pcbatch.ArgumentError, match="argument `a` holds a object"):
+        affine(XS, object())
+    with pytest.raises(pcbatch.ArgumentError, match="unexpected keyword argument 'c'"):
+        affine(XS, c=1.0)
+    with pytest.raises(pcbatch.ArgumentError, match="different batch sizes"):
+        affine(XS, jnp.ones(3))
+    with pytest.raises(pcbatch.ArgumentError, match="no argument is batched"):
+        affine(1.0)
+    with pytest.raises(TypeError):  # also what jax.vmap users catch
+        affine(XS, 1.0, 2.0, 3.0)
+    with pytest.raises(pcbatch.OptionError, match="in_axes"):
+        pcbatch.autobatch(affine_py, in_axes=(0, 0, 0, 0))
+    with pytest.raises(pcbatch.OptionError, match="names no parameter"):
+        pcbatch.autobatch(affine_py, in_axes={"y": 0})
+    with pytest.raises(pcbatch.ArgumentError, match="rank 0"):
+        pcbatch.autobatch(affine_py, in_axes=(0, 0))(XS, 2.0)
+    with pytest.raises(pcbatch.OptionError, match="max_stack_depth"):
+        pcbatch.autobatch(affine_py, max_stack_depth=0)
+    with pytest.raises(pcbatch.OptionError, match="fork"):
+        pcbatch.autobatch(affine_py, fork="yes")
+
+
+def power_py(x, n):
+    return 1.0 if n == 0 else x * power_py(x, n - 1)
+
+
+@pytest.mark.parametrize("fork", [False, True])
+def test_autobatch_called_not_decorated_is_recursion(fork):
+    """`fast = pcbatch.autobatch(power_py)`: the recursive call reaches the
+    undecorated global; it is still recursion."""
+    fast = pcbatch.autobatch(power_py, fork=fork)
+    np.testing.assert_allclose(fast(XS, NS), loop(power_py, XS, NS))
+
+
+def scaled_power_py(w, x, n):
+    return 1.0 if n == 0 else w * x * scaled_power_py(w, x, n - 1)
+
+
+def test_functools_partial():
+    w = jnp.float32(0.5)
+    f = pcbatch.autobatch(functools.partial(scaled_power_py, w), fork=False)
+    np.testing.assert_allclose(f(XS, NS), loop(functools.partial(scaled_power_py, w), XS, NS))
+    g = pcbatch.autobatch(functools.partial(affine_py, b=5.0), fork=False)
+    np.testing.assert_allclose(g(XS), loop(affine_py, XS, b=5.0))
+    with pytest.raises(pcbatch.ArgumentError, match="fixed by functools.partial"):
+        g(XS, b=1.0)
+
+
+class Scaler:
+    def __init__(self, w):
+        self.w = w          # a plain object: not a pytree
+
+    @pcbatch.autobatch(fork=False)
+    def power(self, x, n):
+        return 1.0 if n == 0 else self.w * x * self.power(x, n - 1)
+
+    def plain_power(self, x, n):
+        return 1.0 if n == 0 else self.w * x * self.plain_power(x, n - 1)
+
+
+def test_methods_and_bound_methods():
+    s, t = Scaler(jnp.float32(2.0)), Scaler(jnp.float32(-1.0))
+    for obj in (s, t):
+        expected = loop(lambda x, n: obj.plain_power(x, n), XS, NS)
+        np.testing.assert_allclose(obj.power(XS, NS), expected)
+        np.testing.assert_allclose(pcbatch.autobatch(obj.plain_power, fork=False)(XS, NS), expected)
+    assert s.power is s.power  # compiled once per instance
+
+
+@pytest.mark.parametrize("fork", [False, True])
+def test_empty_batch_like_vmap(fork):
+    f = pcbatch.autobatch(power_py, fork=fork)
+    out = f(jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.int32))
+    want = jax.vmap(lambda x, n: x * n)(jnp.zeros((0,)), jnp.zeros((0,), jnp.int32))
+    assert out.shape == (0,) and out.dtype == jnp.float32 == want.dtype
+    out = jax.jit(f)(jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.int32))
+    assert out.shape == (0,)
+    tup = pcbatch.autobatch(lambda_free_pair, fork=False)(jnp.zeros((0, 3)))
+    assert [t.shape for t in tup] == [(0, 3), (0,)]
+
+
+def lambda_free_pair(x):
+    return x * 2, jnp.sum(x).astype(jnp.int32)
+
+
+def test_batch_of_one():
+    np.testing.assert_allclose(pcbatch.autobatch(power_py)(XS[:1], NS[3:]), loop(power_py, XS[:1], NS[3:]))

@@ -1,0 +1,63 @@
+"""One failing example among good ones: only it is flagged, the others stay
+exact (under every scheduler, eager and under jit), and the error comes fast."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pcbatch
+
+SCHEDULES = ["auto", "earliest", "returns_last", "depth", "agenda"]
+
+
+def runaway_py(x, n):
+    """Sums x over a recursion of depth n; n < 0 loops forever."""
+    while n < 0:
+        x = x + 1.0
+    if n == 0:
+        return x
+    return x + runaway_py(x * 0.5, n - 1)
+
+
+X = jnp.asarray([1.0, 2.0, 3.0, 4.0])
+N = jnp.asarray([3, -1, 0, 5])   # example 1 never finishes
+GOOD = np.asarray([True, False, True, True])
+
+
+def expected():
+    return np.asarray([runaway_py(float(x), int(n)) if ok else np.nan for x, n, ok in zip(X, N, GOOD)])
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["plain", "fork"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_one_runaway_example_is_the_only_one_flagged(schedule, fork):
+    f = pcbatch.autobatch(runaway_py, max_steps=400, schedule=schedule, fork=fork, max_lanes=64)
+    out, status = jax.jit(f.checked)(X, N)
+    np.testing.assert_array_equal(np.asarray(status.unfinished), ~GOOD)
+    np.testing.assert_allclose(np.asarray(out)[GOOD], expected()[GOOD])
+    poisoned = jax.jit(f)(X, N)  # inside jit: NaN for the flagged example only
+    np.testing.assert_allclose(np.asarray(poisoned), expected())
+    with pytest.raises(pcbatch.MaxStepsExceededError) as info:
+        f(X, N)
+    assert info.value.examples == [1]
+
+
+def deep_py(n):
+    return 0 if n <= 0 else 1 + deep_py(n - 1)
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["plain", "fork"])
+def test_stack_overflow_is_flagged_alone_and_raised_fast(fork):
+    f = pcbatch.autobatch(deep_py, max_stack_depth=8, fork=fork, max_lanes=16)
+    n = jnp.asarray([3, 50, 5, 100_000, 2])
+    out, status = f.checked(n)
+    np.testing.assert_array_equal(np.asarray(status.overflow), [False, True, False, True, False])
+    np.testing.assert_array_equal(np.asarray(out)[[0, 2, 4]], [3, 5, 2])
+    with pytest.raises(pcbatch.StackOverflowError) as info:
+        f(n)
+    assert info.value.examples == [1, 3]
+    assert info.value.needed[1] == "max_stack_depth=51"
+    # The replay that explains the error is bounded (it used to run for a minute).
+    assert info.value.needed[3] == "more than 64 (runaway recursion?)"

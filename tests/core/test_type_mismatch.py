@@ -1,0 +1,146 @@
+"""TypeMismatchError text: two classes of one name print differently, and a
+parameter's side names the parameter's line (issue 16, item 8)."""
+import collections
+import inspect
+import os
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pcbatch
+from pcbatch import TypeMismatchError
+
+HERE = os.path.basename(__file__)
+HINT = ("Hint: every assignment to a variable (and every return of a function) must have the same shape and "
+        "tree structure; dtypes are joined by JAX's promotion rules. Use separate variable names, or "
+        "cast/reshape explicitly.")
+N = np.asarray([0, 1, 2, 3], np.int32)
+
+
+class Point(NamedTuple):  # DEF_POINT
+    x: object
+    y: object
+
+
+class Shapes:
+    class Point(NamedTuple):  # DEF_SHAPES_POINT
+        x: object
+        y: object
+
+
+# Its qualname is `Point` too, and `collections.namedtuple` records no line.
+LegacyPoint = collections.namedtuple("Point", "x y")
+# Two classes alike in every name: only the note tells them apart.
+PairA, PairB = collections.namedtuple("Pair", "a b"), collections.namedtuple("Pair", "a b")
+
+
+def line_of(marker, fn=None):
+    """(line number, stripped text) of the one line ending in `marker`."""
+    lines, start = inspect.getsourcelines(fn) if fn else (open(__file__).read().splitlines(True), 1)
+    hits = [(start + k, line.strip()) for k, line in enumerate(lines)
+            if line.rstrip().endswith(marker)]
+    assert len(hits) == 1, (marker, hits)
+    return hits[0]
+
+
+def quote(marker, fn):
+    lineno, code = line_of(marker, getattr(fn, "fn", fn))
+    return f'  File "{__file__}", line {lineno}\n    {code}'
+
+
+@pcbatch.autobatch
+def two_points(n):
+    p = Point(n, n + 1)  # FIRST
+    if n > 1:
+        p = Shapes.Point(n, n)  # SECOND
+    return p.x + p.y
+
+
+@pcbatch.autobatch
+def legacy_point_returned(n):
+    if n > 1:
+        return Point(n, n)  # FIRST
+    return LegacyPoint(n, n)  # SECOND
+
+
+def test_two_namedtuples_of_one_name_are_qualified_by_module_and_line():
+    with pytest.raises(TypeMismatchError) as info:
+        two_points(N)
+    a = f"{__name__}.Point@{HERE}:{line_of('# DEF_POINT')[0]}"
+    b = f"{__name__}.Shapes.Point@{HERE}:{line_of('# DEF_SHAPES_POINT')[0]}"
+    assert str(info.value) == (
+        f"variable `two_points.p` has type {a}(x=i32[], y=i32[]) here:\n{quote('# FIRST', two_points)}\n"
+        f"but type {b}(x=i32[], y=i32[]) here:\n{quote('# SECOND', two_points)}\n{HINT}")
+
+
+def test_namedtuple_without_a_source_line_is_still_told_apart():
+    with pytest.raises(TypeMismatchError) as info:
+        legacy_point_returned(N)
+    a = f"{__name__}.Point@{HERE}:{line_of('# DEF_POINT')[0]}"
+    assert str(info.value) == (
+        f"the return value of `legacy_point_returned` has type {a}(x=i32[], y=i32[]) here:\n"
+        f"{quote('# FIRST', legacy_point_returned)}\n"
+        f"but type {__name__}.Point(x=i32[], y=i32[]) here:\n{quote('# SECOND', legacy_point_returned)}\n{HINT}")
+
+
+@pcbatch.autobatch
+def identical_names(n):
+    p = PairA(n, n)  # FIRST
+    if n > 1:
+        p = PairB(n, n)  # SECOND
+    return p[0]
+
+
+def test_classes_alike_in_every_name_are_said_to_differ():
+    with pytest.raises(TypeMismatchError) as info:
+        identical_names(N)
+    t = f"{__name__}.Pair(a=i32[], b=i32[])"
+    assert str(info.value) == (
+        f"variable `identical_names.p` has type {t} here:\n{quote('# FIRST', identical_names)}\n"
+        f"but type {t} (a different tree structure that prints the same) here:\n"
+        f"{quote('# SECOND', identical_names)}\n{HINT}")
+
+
+@pcbatch.autobatch
+def point_or_pair(n):
+    p = Point(n, n)  # FIRST
+    if n > 1:
+        p = (n, n)  # SECOND
+    return p[0]
+
+
+def test_types_that_print_differently_stay_short():
+    with pytest.raises(TypeMismatchError) as info:
+        point_or_pair(N)
+    assert str(info.value) == (
+        f"variable `point_or_pair.p` has type Point(x=i32[], y=i32[]) here:\n{quote('# FIRST', point_or_pair)}\n"
+        f"but type (i32[], i32[]) here:\n{quote('# SECOND', point_or_pair)}\n{HINT}")
+
+
+@pcbatch.autobatch
+def parameter_reassigned(n,
+                         acc):  # PARAM
+    if n <= 0:
+        return acc
+    acc = jnp.zeros(3)  # SECOND
+    return parameter_reassigned(n - 1, acc)
+
+
+@pcbatch.autobatch
+def parameter_passed_another_shape(n, x):  # PARAM
+    if n <= 0:
+        return x.sum()
+    return parameter_passed_another_shape(n - 1, jnp.stack([x, x]))  # SECOND
+
+
+@pytest.mark.parametrize("f,var", [(parameter_reassigned, "acc"), (parameter_passed_another_shape, "x")],
+                         ids=["reassigned", "recursive-call"])
+def test_a_parameter_side_names_the_parameter_line(f, var):
+    with pytest.raises(TypeMismatchError) as info:
+        f(N, np.zeros(4, np.float32))
+    second = "f32[3]" if var == "acc" else "f32[2]"
+    assert str(info.value) == (
+        f"variable `{f.fn.__name__}.{var}` has type f32[] here:\n{quote('# PARAM', f)}\n"
+        f"but type {second} here:\n{quote('# SECOND', f)}\n{HINT}")
