@@ -63,17 +63,21 @@ def main(verbose=False):
     (_, seq), seq_first = timed(lambda: sequential.checked(n))
     _, seq_batched = timed(lambda: sequential.checked(n), repeat=5)
     print("Time for the whole batch (a first call also compiles, once per batch shape):")
-    print(f"  pcbatch, default (fork=True) {ms(batched)}   first call {first:5.1f} s")
-    print(f"  pcbatch, fork=False          {ms(seq_batched)}   first call {seq_first:5.1f} s")
-    print(f"  Python loop over examples    {ms(python)}\n")
+    default = f"pcbatch, default (fork={fib.fork!r})"  # says so if the default changes
+    print(f"  {default:<29}{ms(batched)}   first call {first:5.1f} s")
+    print(f"  {'pcbatch, fork=False':<29}{ms(seq_batched)}   first call {seq_first:5.1f} s")
+    print(f"  {'Python loop over examples':<29}{ms(python)}\n")
 
     steps, work, peak = int(status.steps), int(status.blocks_run.sum()), int(status.peak_lanes)
     seq_steps, seq_work = int(seq.steps), int(seq.blocks_run.sum())
+    if peak > batch:  # more calls under way than examples: the default forked
+        side_by_side = ("fib(n - 1) and fib(n - 2) do not\nneed each other's result, so they ran side by "
+                        f"side (fork/join): up to {peak} calls under way.")
+    else:
+        side_by_side = "Each example made its\ncalls one after another, in a lane of its own."
     print(f"What happened: all {batch} examples ran together in one loop of {steps} steps. Each step runs\n"
           f"one piece of fib (a block: the code between two calls) for every call ready for it:\n"
-          f"{work} pieces in {steps} steps, {work / steps:.1f} at once on average. fib(n - 1) and "
-          f"fib(n - 2) do not\nneed each other's result, so they ran side by side (fork/join): "
-          f"up to {peak} calls under way.\n"
+          f"{work} pieces in {steps} steps, {work / steps:.1f} at once on average. {side_by_side}\n"
           f"With fork=False each example makes its calls one after another: {seq_steps} steps, with\n"
           f"on average {seq_work / seq_steps:.1f} of the {batch} examples busy in a step.")
 
