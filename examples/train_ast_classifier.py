@@ -1,7 +1,7 @@
 """Train a Child-Sum Tree-LSTM on real trees: does a stdlib function return a value?
 
     python examples/train_ast_classifier.py                 # a few minutes on 2 CPU cores
-    python examples/train_ast_classifier.py --train-size 4000 --max-nodes 96 --epochs 8 --hidden 64
+    python examples/train_ast_classifier.py --max-nodes 128 --max-children 16 --hidden 64 --epochs 12
 
 Data (`pcbatch.data.load_ast_trees`, no download): the syntax trees of the functions in
 this interpreter's standard library, split into train / validation / test by module. Label
@@ -76,13 +76,13 @@ def logistic_regression(x_train, y_train, *, l2: float = 1e-3, steps: int = 2000
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--train-size", type=int, default=1024, help="training trees (balanced)")
+    ap.add_argument("--train-size", type=int, default=4096, help="training trees (balanced)")
     ap.add_argument("--eval-size", type=int, default=512, help="validation / test trees (balanced)")
-    ap.add_argument("--max-nodes", type=int, default=48, help="skip functions with more AST nodes")
+    ap.add_argument("--max-nodes", type=int, default=64, help="skip functions with more AST nodes")
     ap.add_argument("--min-nodes", type=int, default=8)
     ap.add_argument("--max-children", type=int, default=8, help="skip functions with a wider node")
     ap.add_argument("--hidden", type=int, default=32)
-    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)

@@ -166,9 +166,13 @@ def encode_function(fn: ast.AST, *, max_nodes: int, max_children: int, drop_cont
     # iterative post-order: (node, child ids so far or None before its children are pushed)
     stack: list[tuple[ast.AST, list[int] | None]] = [(fn, None)]
     done: list[int] = []            # ids of finished nodes, consumed by their parent
+    visited = 0
     while stack:
         node, state = stack.pop()
         if state is None:
+            visited += 1
+            if visited > max_nodes:     # give up on a large function before walking all of it
+                return None
             children = [c for c in ast.iter_child_nodes(node) if not (drop_context and isinstance(c, _CONTEXTS))]
             if len(children) > max_children:
                 return None
