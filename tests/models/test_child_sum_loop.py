@@ -62,3 +62,15 @@ def test_autobatched_equals_per_tree_python(setup, fork):
         want_h, want_c = _numpy_child_sum(params, one)
         np.testing.assert_allclose(np.asarray(h[b]), want_h, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(np.asarray(c[b]), want_c, rtol=1e-4, atol=1e-5)
+
+
+def test_same_as_unrolled_child_sum(setup):
+    """The AST arrays are the `data.Tree` format `models.child_sum` (a loop unrolled over every
+    column of `children`) takes too: same parameters, same (h, c)."""
+    from pcbatch.models import child_sum
+
+    params, trees = setup
+    h, c = child_sum_loop.child_sum_tree_lstm_loop(params, trees, trees.root)
+    uh, uc = child_sum.child_sum_tree_lstm.with_options(fork=False)(params, trees, trees.root)
+    np.testing.assert_allclose(np.asarray(h), np.asarray(uh), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(c), np.asarray(uc), rtol=1e-5, atol=1e-6)
