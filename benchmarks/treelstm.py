@@ -3,6 +3,7 @@
     python -m benchmarks.treelstm            # batch 1..256 x hidden 64, 128, 256 (about 10 min on 2 CPU cores)
     python -m benchmarks.treelstm --quick    # batch 1, 8, 32 x hidden 64, 128 (under 2 minutes)
     python -m benchmarks.treelstm --batches 1,64 --hiddens 128 --repeats 5
+    python -m benchmarks.treelstm --workload ast   # Child-Sum Tree-LSTM on stdlib ASTs vs DyNet (treelstm_ast.py)
 
 (also run by `make bench`). Model: `pcbatch.models.nary.nary_tree_lstm`
 (Tai et al.'s binary Tree-LSTM, written for ONE tree, autobatched) on
@@ -360,7 +361,15 @@ def print_results(rows: list[Row], bpn: tuple[int | None, int | None], fork_note
 # --- main --------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--workload", choices=("random", "ast"), default="random")
+    known, rest = pre.parse_known_args(argv)
+    if known.workload == "ast":     # real variable-arity trees, DyNet as a peer: its own script
+        from benchmarks import treelstm_ast
+        return treelstm_ast.main(rest)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", choices=("random", "ast"), default="random",
+                    help="random binary trees (this script), or stdlib ASTs vs DyNet (benchmarks/treelstm_ast.py)")
     ap.add_argument("--quick", action="store_true", help="batch 1, 8, 32 x hidden 64, 128, fewer repeats (< 2 min)")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8,32,64,128,256)")
     ap.add_argument("--hiddens", default=None, help="comma-separated hidden sizes (default 64,128,256)")

@@ -4,6 +4,7 @@
 | module            | model (autobatched)                         | input              | returns          |
 |-------------------|---------------------------------------------|--------------------|------------------|
 | `child_sum`       | `child_sum_tree_lstm(params, tree, node)`   | `data.Tree`        | (h, c)           |
+| `child_sum_loop`  | `child_sum_tree_lstm_loop(params, tree, node)` | `data.Tree`, any arity | (h, c) |
 | `nary`            | `nary_tree_lstm(params, tree, node)`        | binary `data.Tree` | (h, c)           |
 | `tree_gru`        | `tree_gru(params, tree, node)`              | binary `data.Tree` | h                |
 | `mv_rnn`          | `mv_rnn(params, tree, node)`                | binary `data.Tree` | (p [H], P [H,H]) |
@@ -23,6 +24,7 @@ a batch with the roots: `h, c = nary_tree_lstm(params, trees, trees.root)`.
 from pcbatch.models import (
     bilstm_tagger,
     child_sum,
+    child_sum_loop,
     lattice_lstm,
     mv_rnn,
     nary,
@@ -31,5 +33,5 @@ from pcbatch.models import (
     tree_lstm_2type,
 )
 
-__all__ = ["bilstm_tagger", "child_sum", "lattice_lstm", "mv_rnn", "nary", "tree_classifier", "tree_gru",
+__all__ = ["bilstm_tagger", "child_sum", "child_sum_loop", "lattice_lstm", "mv_rnn", "nary", "tree_classifier", "tree_gru",
            "tree_lstm_2type"]
