@@ -101,13 +101,13 @@ def padding_blocks(fn, mesh, *args):
     machine, whose status also reports (in `peak_lanes`, summed over devices)
     the blocks its inactive (padding) lanes ran."""
     plan = pcbatch.sharding.BatchSharding.of(mesh)
-    prog, _, inputs, batch = fn._prepare(args)
+    prog, _, inputs, batch = fn._prepare(fn._bind(args, {}))
 
     def machine(local, inputs, workspace, active):
         result, status, workspace = fn._machine(prog, local, inputs, workspace, active)
         return result, status._replace(peak_lanes=jnp.sum(jnp.where(active, 0, status.blocks_run))), workspace
 
-    shared = {p: not b for p, b in zip(prog.entry_params, fn._split(args)[1])}
+    shared = {p: not b for p, b in zip(prog.entry_params, fn._bind(args, {}).batched.values())}
     with pcbatch.sharded(mesh):
         workspace = fn._new_workspace(prog, batch)
     result, status, _ = plan.runner(machine, batch, shared)(inputs, workspace)
@@ -175,7 +175,7 @@ def test_under_jit_and_cache():
 
 
 def assert_workspace_per_device(fn, *args):
-    ws = fn._workspaces[fn._prepare(args)[1]]   # the last call's, kept for the next call of this signature
+    ws = fn._workspaces[fn._prepare(fn._bind(args, {}))[1]]   # the last call's, kept for the next call of this signature
     for leaf in tree_leaves(ws):
         assert leaf.shape[0] == 4 and not leaf.is_deleted()
         assert sorted(s.index[0].start for s in leaf.addressable_shards) == [0, 1, 2, 3]
