@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["DualAveraging", "Welford", "Window", "dual_averaging_start", "dual_averaging_update",
-           "schedule", "slow_windows", "welford_start", "window_update"]
+           "mass_start", "schedule", "slow_windows", "welford_start", "window_update"]
 
 
 # --------------------------------------------------------------------------
@@ -132,6 +132,13 @@ def welford_start(x: Any, enabled: bool) -> Welford:
     off, so that the sampler carries nothing for it."""
     shape = x.shape if enabled else (0,)
     return Welford(jnp.zeros((), x.dtype), jnp.zeros(shape, x.dtype), jnp.zeros(shape, x.dtype))
+
+
+def mass_start(inv_mass: Any, x: Any, enabled: bool) -> Any:
+    """The adapted inverse mass matrix's starting value: the given one, or an
+    empty array when window adaptation is off (the sampler then uses the
+    argument itself)."""
+    return jnp.broadcast_to(inv_mass, x.shape).astype(x.dtype) if enabled else jnp.zeros((0,), x.dtype)
 
 
 def _regularized_variance(w: Welford) -> Any:

@@ -116,7 +116,8 @@ class Acc(NamedTuple):
     probability weight / total weight, so it ends up distributed as the
     weights, as the per-merge choice of Stan/BlackJAX), the log of the summed
     weights exp(H0 - H), the sum of min(1, exp(H0 - H)), the number of leaves,
-    a divergence flag; `H0`, the step size and the random key ride along."""
+    a divergence flag; `H0`, the step size, the random key and the adapted
+    inverse mass matrix (window adaptation; else empty) ride along."""
     prop_x: Any
     prop_g: Any
     prop_logp: Any
@@ -127,6 +128,7 @@ class Acc(NamedTuple):
     H0: Any
     step_size: Any
     key: Any
+    inv_mass: Any
 
 
 class Subtree(NamedTuple):
@@ -185,7 +187,7 @@ def _leaf(logdensity_fn, steps, edge, acc, inv_mass, max_delta_energy):
               prop_logp=jnp.where(take, logp, acc.prop_logp), log_weight=log_weight,
               sum_metro=acc.sum_metro + jnp.minimum(1.0, jnp.exp(delta)).astype(x.dtype),
               n_leaves=acc.n_leaves + 1, divergent=acc.divergent | divergent, H0=acc.H0,
-              step_size=acc.step_size, key=key)
+              step_size=acc.step_size, key=key, inv_mass=acc.inv_mass)
     return Edge(x, p, g, logp), acc
 
 
@@ -239,10 +241,19 @@ def _outer_edge(traj, forward):
     return Edge(e.x, jnp.where(forward, e.p, -e.p), e.g, e.logp)
 
 
-def _fresh_acc(edge, H0, step_size, key):
+def _fresh_acc(edge, H0, step_size, key, adapted_mass):
     return Acc(prop_x=edge.x, prop_g=edge.g, prop_logp=edge.logp,
                log_weight=jnp.full((), -jnp.inf, edge.x.dtype), sum_metro=jnp.zeros((), edge.x.dtype),
-               n_leaves=jnp.int32(0), divergent=jnp.zeros((), bool), H0=H0, step_size=step_size, key=key)
+               n_leaves=jnp.int32(0), divergent=jnp.zeros((), bool), H0=H0, step_size=step_size, key=key,
+               inv_mass=adapted_mass)
+
+
+def _mass(adapted, inv_mass):
+    """The inverse mass matrix in use: the adapted one (window adaptation),
+    else the argument. Kept apart so that without window adaptation the
+    argument stays a constant of the machine, not a value pushed with every
+    recursive call."""
+    return adapted if adapted.shape[0] else inv_mass
 
 
 def _extend(traj, edge, acc, sub, forward, key, inv_mass, criterion):
@@ -386,14 +397,14 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
 
     @pcbatch.autobatch
     def build_tree(depth, edge, acc, inv_mass):
-        edge, acc, rho, p_beg, valid = _pair(logdensity_fn, leapfrogs_per_leaf, depth, edge, acc, inv_mass,
-                                             max_delta_energy, uturn_criterion)
+        edge, acc, rho, p_beg, valid = _pair(logdensity_fn, leapfrogs_per_leaf, depth, edge, acc,
+                                             _mass(acc.inv_mass, inv_mass), max_delta_energy, uturn_criterion)
         level = 1
         if (depth > 1) & valid:
             while True:
                 p_end = _seam(edge.p, uturn_criterion)
                 edge, acc, sub = build_tree(level, edge, acc, inv_mass)
-                rho, valid = _join(p_beg, p_end, rho, sub, edge.p, inv_mass, uturn_criterion)
+                rho, valid = _join(p_beg, p_end, rho, sub, edge.p, _mass(acc.inv_mass, inv_mass), uturn_criterion)
                 level = level + 1
                 if (level == depth) | ~valid:
                     break
@@ -406,8 +417,8 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
     else:
         tables = None
 
-    def window(i, x, welford, inv_mass, adapt):
-        return _adaptation.window_update(tables, i, x, welford, inv_mass, adapt)
+    def window(i, x, welford, mass, adapt):
+        return _adaptation.window_update(tables, i, x, welford, mass, adapt)
 
     def report(chain, i):
         return _report(progress_every > 0, chain, i)
@@ -418,7 +429,8 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
         draws = _empty_draws(num_samples, x)
         adapt = _adaptation_start(step_size, x.dtype)
         welford = _adaptation.welford_start(x, tables is not None)
-        key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[0], inv_mass)
+        mass = _adaptation.mass_start(inv_mass, x, tables is not None)  # adapted inverse mass (or empty)
+        key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[0], _mass(mass, inv_mass))
         i = 0
         depth = 0
         n_leaves = 0
@@ -433,11 +445,13 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
                 k_traj, k_direction, k_sub, k_accept = _random.split(k_traj, 4)
                 forward = _random.uniform(k_direction) < 0.5
                 edge = _outer_edge(traj, forward)
-                edge, acc, sub = build_tree(depth, edge, _fresh_acc(edge, H0, adapt.step_size, k_sub), inv_mass)
+                edge, acc, sub = build_tree(depth, edge, _fresh_acc(edge, H0, adapt.step_size, k_sub, mass),
+                                            inv_mass)
                 n_leaves = n_leaves + acc.n_leaves
                 sum_metro = sum_metro + acc.sum_metro
                 divergent = divergent | acc.divergent
-                traj, persist = _extend(traj, edge, acc, sub, forward, k_accept, inv_mass, uturn_criterion)
+                traj, persist = _extend(traj, edge, acc, sub, forward, k_accept, _mass(mass, inv_mass),
+                                        uturn_criterion)
                 turning = jnp.where(sub.valid, ~persist, ~acc.divergent)
                 depth = depth + sub.valid
                 if ~sub.valid | ~persist | (depth == max_tree_depth):
@@ -449,9 +463,10 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
                                      H0)
                     draws = _record(draws, i - num_warmup, x, logp, stats)
                     adapt = _adapt(adapt, i, accept, num_warmup, target_accept)
-                    welford, inv_mass, adapt = window(i, x, welford, inv_mass, adapt)
+                    welford, mass, adapt = window(i, x, welford, mass, adapt)
                     i = i + 1
-                    key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[i % total], inv_mass)
+                    key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[i % total],
+                                                              _mass(mass, inv_mass))
                     depth = 0
                     n_leaves = 0
                     sum_metro = jnp.zeros((), x.dtype)
@@ -461,7 +476,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
             i = i + report(chain, i)
             if i == total:
                 break
-        return NUTSOutput(draws.position, draws.logdensity, draws.info, adapt.step_size, inv_mass)
+        return NUTSOutput(draws.position, draws.logdensity, draws.info, adapt.step_size, _mass(mass, inv_mass))
 
     return run_chains
 
