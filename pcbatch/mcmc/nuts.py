@@ -700,7 +700,7 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
         Results do not depend on it.
       progress_bar: show a tqdm bar of all chains' transitions, fed from
         inside the loop by a host callback every `progress_every`
-        transitions of each chain (default: a 20th of them). Off by default;
+        transitions of each chain (default: a tenth of them). Off by default;
         results do not depend on it (see benchmarks/README.md for its cost).
 
     Returns:
@@ -719,7 +719,7 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
     args, per_step, per_mass = prepare(initial_positions, keys, step_size, inverse_mass_matrix, total, num_chains)
     every = 0
     if progress_bar:
-        every = max(1, total // 20) if progress_every is None else int(progress_every)
+        every = max(1, total // 10) if progress_every is None else int(progress_every)
     prog = sampler(logdensity_fn, num_samples=num_samples, num_warmup=num_warmup, target_accept=target_accept,
                    max_tree_depth=max_tree_depth, leapfrogs_per_leaf=leapfrogs_per_leaf,
                    max_delta_energy=max_delta_energy, uturn_criterion=uturn_criterion,
