@@ -152,17 +152,14 @@ def test_numpyro_model_potential():
     numpyro = pytest.importorskip("numpyro", reason="numpyro not installed (pip install numpyro)")
     import numpyro.distributions as dist
     from jax.flatten_util import ravel_pytree
-    from numpyro.infer.reparam import TransformReparam
     from numpyro.infer.util import initialize_model
 
-    def model(sigma, y=None):
+    def model(sigma, y=None):              # as in the README
         mu = numpyro.sample("mu", dist.Normal(0, 5))
         tau = numpyro.sample("tau", dist.HalfCauchy(5))
         with numpyro.plate("school", len(sigma)):
-            with numpyro.handlers.reparam(config={"theta": TransformReparam()}):
-                theta = numpyro.sample("theta", dist.TransformedDistribution(
-                    dist.Normal(0.0, 1.0), dist.transforms.AffineTransform(mu, tau)))
-            numpyro.sample("obs", dist.Normal(theta, sigma), obs=y)
+            theta_tilde = numpyro.sample("theta_tilde", dist.Normal(0, 1))
+            numpyro.sample("obs", dist.Normal(mu + tau * theta_tilde, sigma), obs=y)
 
     info, potential_fn, postprocess_fn, _ = initialize_model(   # info: ParamInfo (z: the unconstrained start)
         jax.random.PRNGKey(0), model, model_args=(targets.EIGHT_SCHOOLS_SIGMA,),
