@@ -23,6 +23,12 @@ synchronizes on program points (the gradient block, mostly).
     >>> out.position.shape, out.info.num_integration_steps.shape
     ((4, 10, 2), (4, 10))
 
+For a Bayesian workflow: `sample(logdensity, x0[dim], key, num_chains=4,
+num_warmup=1000, num_samples=1000, adaptation="window")` adapts each chain's
+step size and diagonal mass matrix on Stan's schedule (`adaptation.py`),
+reports `out.divergences` and converts with `out.to_arviz()`; `progress_bar=True`
+shows a tqdm bar fed by a host callback from inside the loop.
+
 `sampler(...)` returns the `Autobatched` program itself, so that tests can
 compare it with `.reference` (the same Python run chain by chain).
 """

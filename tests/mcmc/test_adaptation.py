@@ -11,12 +11,15 @@
 """
 from __future__ import annotations
 
+import json
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pcbatch.mcmc import adaptation, nuts, targets
+from pcbatch.mcmc import adaptation, diagnostics, nuts, targets
 
 
 @pytest.mark.parametrize("num_warmup", [10, 19, 20, 50, 149, 150, 151, 300, 1000, 1234])
@@ -170,9 +173,7 @@ def test_numpyro_model_potential():
     idata = out.to_arviz(lambda x: postprocess_fn(unravel(x)))
     mu = idata.posterior["mu"].values[..., None].astype(np.float64)
     tau = idata.posterior["tau"].values[..., None].astype(np.float64)
-    import json, pathlib
     ref = json.loads(pathlib.Path(__file__).with_name("references.json").read_text())["eight_schools"]
-    from pcbatch.mcmc import diagnostics
     for x, r in ((mu, ref["mu"]), (tau, ref["tau"])):
         se = np.sqrt(x.var(ddof=1) / diagnostics.ess(x)[0] + r["mcse"][0] ** 2)
         assert abs(x.mean() - r["mean"][0]) < 4.5 * se, (x.mean(), r["mean"][0], se)
