@@ -1,5 +1,5 @@
 """MCMC samplers written for one chain and autobatched across chains."""
-from pcbatch.mcmc import diagnostics, nuts
+from pcbatch.mcmc import adaptation, diagnostics, nuts
 from pcbatch.mcmc.nuts import NUTSInfo, NUTSOutput, sample
 
-__all__ = ["NUTSInfo", "NUTSOutput", "diagnostics", "nuts", "sample"]
+__all__ = ["NUTSInfo", "NUTSOutput", "adaptation", "diagnostics", "nuts", "sample"]

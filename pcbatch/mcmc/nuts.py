@@ -23,6 +23,12 @@ synchronizes on program points (the gradient block, mostly).
     >>> out.position.shape, out.info.num_integration_steps.shape
     ((4, 10, 2), (4, 10))
 
+For a Bayesian workflow: `sample(logdensity, x0[dim], key, num_chains=4,
+num_warmup=1000, num_samples=1000, adaptation="window")` adapts each chain's
+step size and diagonal mass matrix on Stan's schedule (`adaptation.py`),
+reports `out.divergences` and converts with `out.to_arviz()`; `progress_bar=True`
+shows a tqdm bar fed by a host callback from inside the loop.
+
 `sampler(...)` returns the `Autobatched` program itself, so that tests can
 compare it with `.reference` (the same Python run chain by chain).
 """
@@ -36,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pcbatch
-from pcbatch.mcmc import _random
+from pcbatch.mcmc import _random, adaptation as _adaptation
 
 __all__ = ["GradientLast", "NUTSInfo", "NUTSOutput", "sample", "sampler"]
 
@@ -53,19 +59,43 @@ class NUTSInfo(NamedTuple):
 
 class NUTSOutput(NamedTuple):
     """What `sample` returns: the draws after warm-up, their statistics, and
-    each chain's step size (adapted during warm-up, if any).
+    each chain's step size and diagonal inverse mass matrix (adapted during
+    warm-up, if any).
 
     `out.summary()` gives the mean, standard deviation, split-R-hat and
-    effective sample size of each coordinate (`diagnostics.summary`)."""
+    effective sample size of each coordinate (`diagnostics.summary`);
+    `out.divergences` the divergent transitions per chain; `out.to_arviz()`
+    an ArviZ `InferenceData` (needs `pip install pcbatch[mcmc]`)."""
     position: Any                 # [chains, num_samples, dim]
     logdensity: Any               # [chains, num_samples]
     info: NUTSInfo
     step_size: Any                # [chains]
+    inverse_mass_matrix: Any = None  # [chains, dim]
 
     def summary(self) -> dict[str, Any]:
         """Per coordinate: `mean`, `sd`, split-`rhat` and `ess` over all chains."""
         from pcbatch.mcmc.diagnostics import summary
         return summary(self.position)
+
+    @property
+    def divergences(self) -> np.ndarray:
+        """Divergent transitions after warm-up, per chain (`[chains]` ints)."""
+        return np.asarray(self.info.is_divergent).sum(axis=1)
+
+    def to_arviz(self, unravel_fn: Callable | None = None, var_name: str = "x", **kwargs: Any) -> Any:
+        """The draws as ArviZ `InferenceData` (`az.summary`, `az.plot_trace`, ...).
+
+        `unravel_fn` maps one flat position `[dim]` to a pytree of named
+        parameters (a dict), e.g. the second result of
+        `jax.flatten_util.ravel_pytree`; without it the posterior has one
+        variable, `var_name`, of shape `[dim]`. Sample statistics use ArviZ's
+        names (`lp`, `acceptance_rate`, `diverging`, `tree_depth`, `n_steps`,
+        `energy`, `step_size`). Other keyword arguments go to `az.from_dict`
+        (`coords`, `dims`, ...)."""
+        from pcbatch.mcmc.convert import to_arviz
+        return to_arviz(self, unravel_fn=unravel_fn, var_name=var_name, **kwargs)
+
+    to_inference_data = to_arviz
 
 
 # --------------------------------------------------------------------------
@@ -92,7 +122,8 @@ class Acc(NamedTuple):
     probability weight / total weight, so it ends up distributed as the
     weights, as the per-merge choice of Stan/BlackJAX), the log of the summed
     weights exp(H0 - H), the sum of min(1, exp(H0 - H)), the number of leaves,
-    a divergence flag; `H0`, the step size and the random key ride along."""
+    a divergence flag; `H0`, the step size, the random key and the adapted
+    inverse mass matrix (window adaptation; else empty) ride along."""
     prop_x: Any
     prop_g: Any
     prop_logp: Any
@@ -103,6 +134,7 @@ class Acc(NamedTuple):
     H0: Any
     step_size: Any
     key: Any
+    inv_mass: Any
 
 
 class Subtree(NamedTuple):
@@ -161,7 +193,7 @@ def _leaf(logdensity_fn, steps, edge, acc, inv_mass, max_delta_energy):
               prop_logp=jnp.where(take, logp, acc.prop_logp), log_weight=log_weight,
               sum_metro=acc.sum_metro + jnp.minimum(1.0, jnp.exp(delta)).astype(x.dtype),
               n_leaves=acc.n_leaves + 1, divergent=acc.divergent | divergent, H0=acc.H0,
-              step_size=acc.step_size, key=key)
+              step_size=acc.step_size, key=key, inv_mass=acc.inv_mass)
     return Edge(x, p, g, logp), acc
 
 
@@ -215,10 +247,19 @@ def _outer_edge(traj, forward):
     return Edge(e.x, jnp.where(forward, e.p, -e.p), e.g, e.logp)
 
 
-def _fresh_acc(edge, H0, step_size, key):
+def _fresh_acc(edge, H0, step_size, key, adapted_mass):
     return Acc(prop_x=edge.x, prop_g=edge.g, prop_logp=edge.logp,
                log_weight=jnp.full((), -jnp.inf, edge.x.dtype), sum_metro=jnp.zeros((), edge.x.dtype),
-               n_leaves=jnp.int32(0), divergent=jnp.zeros((), bool), H0=H0, step_size=step_size, key=key)
+               n_leaves=jnp.int32(0), divergent=jnp.zeros((), bool), H0=H0, step_size=step_size, key=key,
+               inv_mass=adapted_mass)
+
+
+def _mass(adapted, inv_mass):
+    """The inverse mass matrix in use: the adapted one (window adaptation),
+    else the argument. Kept apart so that without window adaptation the
+    argument stays a constant of the machine, not a value pushed with every
+    recursive call."""
+    return adapted if adapted.shape[0] else inv_mass
 
 
 def _extend(traj, edge, acc, sub, forward, key, inv_mass, criterion):
@@ -280,35 +321,63 @@ def _record(draws, j, x, logp, stats):
     return jax.tree_util.tree_map(lambda buf, v: buf.at[j].set(v), draws, _Draws(x, logp, stats))
 
 
-class _DualAveraging(NamedTuple):
-    """Nesterov dual averaging of log(step size) (Hoffman & Gelman 2014, Alg. 5,
-    as Stan does it, with its constants; BlackJAX averages the previous iterate)."""
-    step_size: Any      # the step size the next transition uses
-    log_step: Any
-    log_step_avg: Any
-    h_avg: Any          # running mean of (target - acceptance statistic)
-    mu: Any             # shrinkage target, log(10 * initial step size)
+# Dual averaging lives in `adaptation` (with the window schedule); the old names stay.
+_DualAveraging = _adaptation.DualAveraging
+_adaptation_start = _adaptation.dual_averaging_start
+_adapt = _adaptation.dual_averaging_update
 
 
-def _adaptation_start(step_size, dtype):
-    step = jnp.asarray(step_size, dtype)
-    zero = jnp.zeros((), dtype)
-    return _DualAveraging(step, jnp.log(step), zero, zero, jnp.log(10.0 * step))
+# --------------------------------------------------------------------------
+# progress bar (host side)
+# --------------------------------------------------------------------------
+
+_PROGRESS: list = []  # the bars of the `sample` calls now running; the callback feeds the last
 
 
-def _adapt(state, i, accept, num_warmup, target, gamma=0.05, t0=10.0, kappa=0.75):
-    """After transition i (0-based) of `num_warmup`: the step size for the
-    next one; after the last, the averaged step size, kept from then on."""
-    if num_warmup == 0:
-        return state
-    t = jnp.asarray(i + 1, state.h_avg.dtype)
-    h_avg = (1.0 - 1.0 / (t + t0)) * state.h_avg + (target - accept) / (t + t0)
-    log_step = state.mu - jnp.sqrt(t) / gamma * h_avg
-    eta = t ** -kappa
-    log_step_avg = eta * log_step + (1.0 - eta) * state.log_step_avg
-    step = jnp.where(i + 1 < num_warmup, jnp.exp(log_step), jnp.exp(log_step_avg))
-    new = _DualAveraging(step.astype(state.step_size.dtype), log_step, log_step_avg, h_avg, state.mu)
-    return _where(i < num_warmup, new, state)
+class _ProgressBar:
+    """A tqdm bar over all chains' transitions. The program reports `(chain's
+    first key, transitions done)` per lane; lanes not at the reporting point
+    repeat an earlier (smaller) count, so each chain's progress is the largest
+    count seen for its key."""
+
+    def __init__(self, tree_keys: Any, per_chain: int, desc: str):
+        from tqdm.auto import tqdm
+        ids = self._ids(np.asarray(tree_keys))
+        self.order = np.argsort(ids)
+        self.sorted = ids[self.order]
+        self.done = np.zeros(len(ids), np.int64)
+        self.bar = tqdm(total=len(ids) * per_chain, desc=desc, unit="transition")
+
+    @staticmethod
+    def _ids(keys: np.ndarray) -> np.ndarray:
+        keys = keys.reshape(-1, 2).astype(np.uint64)
+        return (keys[:, 0] << np.uint64(32)) | keys[:, 1]
+
+    def update(self, chain: Any, i: Any) -> None:
+        ids, i = self._ids(np.asarray(chain)), np.asarray(i).reshape(-1)
+        pos = np.minimum(np.searchsorted(self.sorted, ids), len(self.sorted) - 1)
+        known = self.sorted[pos] == ids
+        np.maximum.at(self.done, self.order[pos[known]], i[known])
+        self.bar.update(int(self.done.sum()) - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _progress_host(chain: Any, i: Any) -> np.ndarray:
+    if _PROGRESS:
+        _PROGRESS[-1].update(chain, i)
+    return np.zeros(np.shape(i), np.int32)
+
+
+def _report(progress: bool, chain: Any, i: Any) -> Any:
+    """0, after telling the host bar (if any) that this chain has done i
+    transitions. The zero is added to i so that the callback is not dead code.
+    Batched over lanes it is ONE host call with every lane's values."""
+    if not progress:
+        return jnp.zeros((), jnp.int32)
+    return jax.pure_callback(_progress_host, jax.ShapeDtypeStruct((), jnp.int32), chain, i,
+                             vmap_method="expand_dims")
 
 
 # --------------------------------------------------------------------------
@@ -317,9 +386,12 @@ def _adapt(state, i, accept, num_warmup, target, gamma=0.05, t0=10.0, kappa=0.75
 
 def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, target_accept: float,
                   max_tree_depth: int, leapfrogs_per_leaf: int, max_delta_energy: float,
-                  uturn_criterion: str) -> Callable:
-    """`run_chains(x, key, step_size, inv_mass)` for one chain, autobatched;
+                  uturn_criterion: str, adaptation: str = "step_size", progress_every: int = 0) -> Callable:
+    """`run_chains(x, key, noise, step_size, inv_mass)` for one chain, autobatched;
     the batch axis of `step_size` / `inv_mass` is chosen per call (`sampler`).
+    With `adaptation="window"` the warm-up also adapts `inv_mass` (Stan's
+    windows, `adaptation.py`); with `progress_every` > 0 every chain reports
+    to the host every that many transitions.
 
     `build_tree(depth, ...)` returns the subtree of 2**depth leaves after
     the edge: its first leaf, then subtrees of depth 0, 1, ..., depth-1 joined
@@ -331,59 +403,86 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
 
     @pcbatch.autobatch
     def build_tree(depth, edge, acc, inv_mass):
-        edge, acc, rho, p_beg, valid = _pair(logdensity_fn, leapfrogs_per_leaf, depth, edge, acc, inv_mass,
-                                             max_delta_energy, uturn_criterion)
+        edge, acc, rho, p_beg, valid = _pair(logdensity_fn, leapfrogs_per_leaf, depth, edge, acc,
+                                             _mass(acc.inv_mass, inv_mass), max_delta_energy, uturn_criterion)
         level = 1
         if (depth > 1) & valid:
             while True:
                 p_end = _seam(edge.p, uturn_criterion)
                 edge, acc, sub = build_tree(level, edge, acc, inv_mass)
-                rho, valid = _join(p_beg, p_end, rho, sub, edge.p, inv_mass, uturn_criterion)
+                rho, valid = _join(p_beg, p_end, rho, sub, edge.p, _mass(acc.inv_mass, inv_mass), uturn_criterion)
                 level = level + 1
                 if (level == depth) | ~valid:
                     break
         return edge, acc, Subtree(rho, _seam(p_beg, uturn_criterion), valid)
 
+    total = num_warmup + num_samples
+    every = progress_every if progress_every > 0 else total
+    if adaptation == "window" and num_warmup > 0:
+        tables = tuple(jnp.asarray(t) for t in _adaptation.schedule(num_warmup))
+    else:
+        tables = None
+
+    def window(i, x, welford, mass, adapt):
+        return _adaptation.window_update(tables, i, x, welford, mass, adapt)
+
+    def report(chain, i):
+        return _report(progress_every > 0, chain, i)
+
     def run_chains(x, key, noise, step_size, inv_mass):
+        chain = key  # names the chain to the progress bar
         logp, g = jax.value_and_grad(logdensity_fn)(x)
         draws = _empty_draws(num_samples, x)
         adapt = _adaptation_start(step_size, x.dtype)
-        key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[0], inv_mass)
+        welford = _adaptation.welford_start(x, tables is not None)
+        mass = _adaptation.mass_start(inv_mass, x, tables is not None)  # adapted inverse mass (or empty)
+        key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[0], _mass(mass, inv_mass))
         i = 0
         depth = 0
         n_leaves = 0
         sum_metro = jnp.zeros((), x.dtype)
         divergent = False
         while True:
-            # One doubling: a subtree of 2**depth leaves in a random direction.
-            k_traj, k_direction, k_sub, k_accept = _random.split(k_traj, 4)
-            forward = _random.uniform(k_direction) < 0.5
-            edge = _outer_edge(traj, forward)
-            edge, acc, sub = build_tree(depth, edge, _fresh_acc(edge, H0, adapt.step_size, k_sub), inv_mass)
-            n_leaves = n_leaves + acc.n_leaves
-            sum_metro = sum_metro + acc.sum_metro
-            divergent = divergent | acc.divergent
-            traj, persist = _extend(traj, edge, acc, sub, forward, k_accept, inv_mass, uturn_criterion)
-            turning = jnp.where(sub.valid, ~persist, ~acc.divergent)
-            depth = depth + sub.valid
-            if ~sub.valid | ~persist | (depth == max_tree_depth):
-                # The transition is over: record it (after warm-up), adapt the
-                # step size (during warm-up), start the next one.
-                x, logp, g = traj.prop_x, traj.prop_logp, traj.prop_g
-                accept = sum_metro / jnp.maximum(n_leaves, 1)
-                stats = NUTSInfo(accept, divergent, turning, depth + ~sub.valid, n_leaves * leapfrogs_per_leaf, H0)
-                draws = _record(draws, i - num_warmup, x, logp, stats)
-                adapt = _adapt(adapt, i, accept, num_warmup, target_accept)
-                i = i + 1
-                key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[i % (num_warmup + num_samples)],
-                                                          inv_mass)
-                depth = 0
-                n_leaves = 0
-                sum_metro = jnp.zeros((), x.dtype)
-                divergent = False
-                if i == num_warmup + num_samples:
-                    break
-        return NUTSOutput(draws.position, draws.logdensity, draws.info, adapt.step_size)
+            # Transitions in chunks of `every`; the host hears of each chunk's
+            # end (with no progress bar there is one chunk: no cost).
+            stop = jnp.minimum(i + every, total)
+            while True:
+                # One doubling: a subtree of 2**depth leaves in a random direction.
+                k_traj, k_direction, k_sub, k_accept = _random.split(k_traj, 4)
+                forward = _random.uniform(k_direction) < 0.5
+                edge = _outer_edge(traj, forward)
+                edge, acc, sub = build_tree(depth, edge, _fresh_acc(edge, H0, adapt.step_size, k_sub, mass),
+                                            inv_mass)
+                n_leaves = n_leaves + acc.n_leaves
+                sum_metro = sum_metro + acc.sum_metro
+                divergent = divergent | acc.divergent
+                traj, persist = _extend(traj, edge, acc, sub, forward, k_accept, _mass(mass, inv_mass),
+                                        uturn_criterion)
+                turning = jnp.where(sub.valid, ~persist, ~acc.divergent)
+                depth = depth + sub.valid
+                if ~sub.valid | ~persist | (depth == max_tree_depth):
+                    # The transition is over: record it (after warm-up), adapt
+                    # the step size and mass matrix (during warm-up), start the next one.
+                    x, logp, g = traj.prop_x, traj.prop_logp, traj.prop_g
+                    accept = sum_metro / jnp.maximum(n_leaves, 1)
+                    stats = NUTSInfo(accept, divergent, turning, depth + ~sub.valid, n_leaves * leapfrogs_per_leaf,
+                                     H0)
+                    draws = _record(draws, i - num_warmup, x, logp, stats)
+                    adapt = _adapt(adapt, i, accept, num_warmup, target_accept)
+                    welford, mass, adapt = window(i, x, welford, mass, adapt)
+                    i = i + 1
+                    key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[i % total],
+                                                              _mass(mass, inv_mass))
+                    depth = 0
+                    n_leaves = 0
+                    sum_metro = jnp.zeros((), x.dtype)
+                    divergent = False
+                    if i == stop:
+                        break
+            i = i + report(chain, i)
+            if i == total:
+                break
+        return NUTSOutput(draws.position, draws.logdensity, draws.info, adapt.step_size, _mass(mass, inv_mass))
 
     return run_chains
 
@@ -461,9 +560,10 @@ def leaf_block(prog: Any) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _cached(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_depth, leapfrogs_per_leaf,
-            max_delta_energy, uturn_criterion, step_axis, mass_axis, schedule):
+            max_delta_energy, uturn_criterion, step_axis, mass_axis, schedule, adaptation="step_size",
+            progress_every=0):
     run_chains = _make_program(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_depth,
-                               leapfrogs_per_leaf, max_delta_energy, uturn_criterion)
+                               leapfrogs_per_leaf, max_delta_energy, uturn_criterion, adaptation, progress_every)
     # Frames: run_chains, then build_tree for the doubling and its nested subtrees.
     in_axes = (0, 0, 0, step_axis, mass_axis)
     prog = pcbatch.autobatch(run_chains, in_axes=in_axes, max_stack_depth=max_tree_depth + 2)
@@ -480,9 +580,11 @@ def _cached(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_dept
 def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, target_accept: float = 0.8,
             max_tree_depth: int = 10, leapfrogs_per_leaf: int = 1, max_delta_energy: float = 1000.0,
             uturn_criterion: str = "stan", per_chain_step_size: bool = False,
-            per_chain_mass: bool = False, schedule: Any = "gradient_quorum") -> pcbatch.Autobatched:
+            per_chain_mass: bool = False, schedule: Any = "gradient_quorum", adaptation: str = "step_size",
+            progress_every: int = 0) -> pcbatch.Autobatched:
     """The autobatched program `run_chains(positions, keys, noise, step_size, inverse_mass_matrix)`
-    (arguments as `prepare` makes them; options as `sample`'s).
+    (arguments as `prepare` makes them; options as `sample`'s; `progress_every`
+    > 0: report to the progress bar every that many transitions).
 
     Batched over chains (axis 0 of positions, keys and noise; of step_size
     and the inverse mass matrix too when `per_chain_*`). Cached per
@@ -490,22 +592,28 @@ def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, t
     compiles once. `.reference(*args)` runs the same Python chain by chain."""
     if uturn_criterion not in ("stan", "numpyro"):
         raise ValueError(f"uturn_criterion must be 'stan' or 'numpyro', got {uturn_criterion!r}")
-    if num_samples < 1 or max_tree_depth < 1 or leapfrogs_per_leaf < 1 or num_warmup < 0:
+    if adaptation not in ("step_size", "window"):
+        raise ValueError(f"adaptation must be 'step_size' or 'window', got {adaptation!r}")
+    if num_samples < 1 or max_tree_depth < 1 or leapfrogs_per_leaf < 1 or num_warmup < 0 or progress_every < 0:
         raise ValueError("num_samples, max_tree_depth and leapfrogs_per_leaf must be at least 1, "
-                         "num_warmup at least 0")
+                         "num_warmup and progress_every at least 0")
     if not 0.0 < target_accept < 1.0:
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
     return _cached(logdensity_fn, int(num_samples), int(num_warmup), float(target_accept), int(max_tree_depth),
                    int(leapfrogs_per_leaf), float(max_delta_energy), uturn_criterion,
-                   0 if per_chain_step_size else None, 0 if per_chain_mass else None, schedule)
+                   0 if per_chain_step_size else None, 0 if per_chain_mass else None, schedule,
+                   adaptation if num_warmup > 0 else "step_size", int(progress_every))
 
 
-def _raw_keys(keys: Any) -> jax.Array:
+def _raw_keys(keys: Any, chains: int) -> jax.Array:
+    """`[chains, 2]` raw keys from as many keys, or from ONE key (split in `chains`)."""
     keys = jnp.asarray(keys) if not isinstance(keys, jax.Array) else keys
     if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
         keys = jax.random.key_data(keys)
+    if keys.shape == (2,) and keys.dtype == jnp.uint32:
+        keys = jax.random.split(keys, chains)  # one key for all chains, as BlackJAX users pass
     if keys.ndim != 2 or keys.dtype != jnp.uint32:
-        raise ValueError(f"keys must be [chains, 2] uint32 (jax.random.split(key, chains)) "
+        raise ValueError(f"keys must be one key, [chains, 2] uint32 (jax.random.split(key, chains)) "
                          f"or [chains] typed keys; got {keys.shape} {keys.dtype}")
     return keys
 
@@ -522,18 +630,22 @@ def _split_keys(keys: jax.Array, num_transitions: int, dim: int) -> tuple[jax.Ar
 
 
 def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matrix: Any,
-            num_transitions: int) -> tuple[tuple, bool, bool]:
+            num_transitions: int, num_chains: int | None = None) -> tuple[tuple, bool, bool]:
     """`sample`'s arguments as the program's (`sampler`), for `num_transitions`
     = warm-up + samples: `(args, per_chain_step_size, per_chain_mass)`."""
     x = jnp.asarray(initial_positions)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.float32)
+    if x.ndim == 1 and num_chains is not None:
+        x = jnp.broadcast_to(x, (int(num_chains), x.shape[0]))  # every chain starts there
     if x.ndim != 2:
-        raise ValueError(f"initial_positions must be [chains, dim], got shape {x.shape}")
+        raise ValueError(f"initial_positions must be [chains, dim] (or [dim] with num_chains), got shape {x.shape}")
+    if num_chains is not None and x.shape[0] != num_chains:
+        raise ValueError(f"num_chains={num_chains} but initial_positions has {x.shape[0]} rows")
     if x.dtype != jnp.float32:
         raise ValueError(f"pcbatch.mcmc.nuts runs in float32; got initial_positions of dtype {x.dtype}")
     chains, dim = x.shape
-    keys = _raw_keys(keys)
+    keys = _raw_keys(keys, chains)
     if keys.shape[0] != chains:
         raise ValueError(f"{keys.shape[0]} keys for {chains} chains")
     step = jnp.asarray(step_size, x.dtype)
@@ -546,11 +658,13 @@ def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matr
     return (x, tree_keys, noise, step, mass), step.ndim == 1, mass.ndim == 2
 
 
-def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_size: Any,
+def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_size: Any = None,
            inverse_mass_matrix: Any = None, num_samples: int, num_warmup: int = 0,
+           adaptation: str = "step_size", num_chains: int | None = None,
            target_accept: float = 0.8, max_tree_depth: int = 10, leapfrogs_per_leaf: int = 1,
            max_delta_energy: float = 1000.0, uturn_criterion: str = "stan",
-           schedule: Any = "gradient_quorum") -> NUTSOutput:
+           schedule: Any = "gradient_quorum", progress_bar: bool = False,
+           progress_every: int | None = None) -> NUTSOutput:
     """Run `num_warmup + num_samples` NUTS transitions on each chain, all
     chains in ONE autobatched program (chains never wait for each other at
     transition boundaries, only at gradient steps).
@@ -559,15 +673,26 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
       logdensity_fn: `x[dim] -> scalar` log density (up to a constant), JAX-traceable.
         Data it needs can be captured by closure. Use the same function object
         across calls to reuse the compiled program.
-      initial_positions: `[chains, dim]` float32.
-      keys: `[chains, 2]` uint32 (`jax.random.split(key, chains)`) or typed keys.
-      step_size: scalar, or `[chains]`; with `num_warmup`, the starting point of adaptation.
+      initial_positions: `[chains, dim]` float32, or `[dim]` with `num_chains`
+        (every chain starts there).
+      keys: ONE key (split into one per chain), `[chains, 2]` uint32
+        (`jax.random.split(key, chains)`) or `[chains]` typed keys.
+      step_size: scalar, or `[chains]`; with `num_warmup`, the starting point of
+        adaptation (default 1.0 then; without warm-up it is required).
       inverse_mass_matrix: diagonal, `[dim]` or `[chains, dim]`; default identity.
+        With `adaptation="window"`, the starting point of adaptation.
       num_samples: transitions per chain recorded (static).
-      num_warmup: transitions before those, during which each chain adapts its
-        own step size by dual averaging (Stan's/BlackJAX's: Hoffman & Gelman
-        2014, Algorithm 5, towards `target_accept` mean acceptance
-        statistic); the averaged step size is used from then on. Not recorded.
+      num_warmup: transitions before those, not recorded, during which each
+        chain adapts its own step size by dual averaging (Stan's/BlackJAX's:
+        Hoffman & Gelman 2014, Algorithm 5, towards `target_accept` mean
+        acceptance statistic); the averaged step size is used from then on.
+      adaptation: "step_size" (default): the step size only. "window": also
+        the diagonal inverse mass matrix, on Stan's schedule (an initial fast
+        window, slow windows doubling in length whose draws' variance becomes
+        the mass matrix, a final fast window; `adaptation.py`), as Stan's and
+        BlackJAX's `window_adaptation`. Use `num_warmup` >= 150 for its
+        default windows (75 + 25 + 50); fewer shrink them as Stan does.
+      num_chains: with `[dim]` initial positions, how many chains.
       max_tree_depth: at most `2**max_tree_depth` leaves per trajectory.
       leapfrogs_per_leaf: leapfrog steps per tree leaf (Radul et al. use 4).
       max_delta_energy: an energy error above this is a divergence (Stan: 1000).
@@ -579,17 +704,39 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
         (`GradientLast`: every gradient step waits for every running chain),
         "earliest" (pcbatch's default), or any pcbatch scheduler object.
         Results do not depend on it.
+      progress_bar: show a tqdm bar of all chains' transitions, fed from
+        inside the loop by a host callback every `progress_every`
+        transitions of each chain (default: a tenth of them). Off by default;
+        results do not depend on it (see benchmarks/README.md for its cost).
 
     Returns:
       `NUTSOutput(position [chains, num_samples, dim], logdensity [chains, num_samples],
-      info: NUTSInfo, step_size [chains])`; `info.num_integration_steps` counts
-      gradient evaluations per transition (the initial gradient is not
-      counted). `out.summary()` gives R-hat and ESS per coordinate.
+      info: NUTSInfo, step_size [chains], inverse_mass_matrix [chains, dim])`;
+      `info.num_integration_steps` counts gradient evaluations per transition
+      (the initial gradient is not counted). `out.summary()` gives R-hat and
+      ESS per coordinate, `out.divergences` the divergences per chain,
+      `out.to_arviz()` ArviZ's InferenceData.
     """
-    args, per_step, per_mass = prepare(initial_positions, keys, step_size, inverse_mass_matrix,
-                                       num_warmup + num_samples)
+    if step_size is None:
+        if num_warmup == 0:
+            raise ValueError("step_size is required without warm-up (num_warmup=0)")
+        step_size = 1.0
+    total = num_warmup + num_samples
+    args, per_step, per_mass = prepare(initial_positions, keys, step_size, inverse_mass_matrix, total, num_chains)
+    every = 0
+    if progress_bar:
+        every = max(1, total // 10) if progress_every is None else int(progress_every)
     prog = sampler(logdensity_fn, num_samples=num_samples, num_warmup=num_warmup, target_accept=target_accept,
                    max_tree_depth=max_tree_depth, leapfrogs_per_leaf=leapfrogs_per_leaf,
                    max_delta_energy=max_delta_energy, uturn_criterion=uturn_criterion,
-                   per_chain_step_size=per_step, per_chain_mass=per_mass, schedule=schedule)
-    return prog(*args)
+                   per_chain_step_size=per_step, per_chain_mass=per_mass, schedule=schedule,
+                   adaptation=adaptation, progress_every=every)
+    if not progress_bar:
+        return prog(*args)
+    bar = _ProgressBar(args[1], total, "NUTS")
+    _PROGRESS.append(bar)
+    try:
+        return jax.block_until_ready(prog(*args))
+    finally:
+        _PROGRESS.remove(bar)
+        bar.close()
