@@ -24,6 +24,7 @@ from pcbatch.ir.interpret import Trace, run_stack_program
 from pcbatch.lower import lower, specialize
 from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.runtime import MachineConfig, Status, run_machine
+from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.grad import Differentiable, TapeInfo, is_float
 from pcbatch.runtime.machine import StackLayout, new_workspace, trace_steps, workspace_shapes
 from pcbatch.runtime.steps import StepTrace
@@ -308,7 +309,8 @@ class Autobatched:
         batch = bound.batch
         shared = tuple(not bound.batched[p] for p in params)
         sharding = _sharding.current(self._sharding)
-        key = (shared, batch, sharding, tuple(tree_util.tree_structure(v) for v in values),
+        # index_dtype(): a machine built under jax_enable_x64 keeps int64 state (and workspace).
+        key = (shared, batch, sharding, index_dtype(), tuple(tree_util.tree_structure(v) for v in values),
                tuple((np.shape(x), jnp.result_type(x)) for x in tree_util.tree_leaves(values)))
         if key not in self._compiled:
             if shared not in self._lowered:
@@ -338,8 +340,8 @@ class Autobatched:
         elif self.max_lanes is not None:
             lanes = max(self.max_lanes, batch)
         else:
-            frame = 4 + sum(x.size * x.dtype.itemsize  # the pc, then each stack's slot
-                            for x in tree_util.tree_leaves(StackLayout.of(prog).stacks))
+            frame = index_dtype().itemsize + sum(x.size * x.dtype.itemsize  # the pc, then each stack's slot
+                                                 for x in tree_util.tree_leaves(StackLayout.of(prog).stacks))
             affordable = DEFAULT_STACK_BUDGET_BYTES // (frame * self.max_stack_depth)
             lanes = max(batch, min(DEFAULT_LANES_PER_EXAMPLE * batch, affordable, DEFAULT_MAX_LANES))
         width = self.lane_width or max(DEFAULT_MIN_WIDTH, min(DEFAULT_WIDTH_PER_EXAMPLE * batch, DEFAULT_MAX_WIDTH))

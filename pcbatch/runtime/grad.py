@@ -34,7 +34,7 @@ A pushed value's cotangent must reach the push from the pop that later reads
 it. Instead of cotangent stacks mirroring the stacks (`max_stack_depth x
 lanes` values each: a GiB for a Tree-LSTM lane pool) every push gets an event
 id (its block's tape row) and the recorder keeps, per float stack, the id of
-the event whose value each slot holds (`[depth, lanes]` int32); a pop tapes
+the event whose value each slot holds (`[depth, lanes]` integers); a pop tapes
 that id. In the backward pass a pop adds its cotangent at the push's event
 and the push reads it there: the stack cotangents are as large as the tape.
 
@@ -100,6 +100,7 @@ import numpy as np
 from jax import lax
 
 from pcbatch.ir.core import CONSTANT, INVARIANT, Fork, Join, StackProgram, op_reads, op_writes
+from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.machine import (
     Machine,
     MachineConfig,
@@ -272,30 +273,30 @@ class Plan:
 
     def row_types(self, g: BlockGrad) -> dict[str, Any]:
         types, stacks = self.prog.var_types, self.layout.stacks
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        row: dict[str, Any] = {"lane": i32, "example": i32,
+        idx = jax.ShapeDtypeStruct((), index_dtype())
+        row: dict[str, Any] = {"lane": idx, "example": idx,
                                "reg": {v: types[v] for v in g.reg_in},
                                "top": {s: stacks[s] for s in g.reads},
-                               "wid": {s: i32 for s in g.reads if s in self.float_stacks}}
+                               "wid": {s: idx for s in g.reads if s in self.float_stacks}}
         if g.join is not None:  # the children it joins, and their return values
-            row["kids"] = jax.ShapeDtypeStruct((self.fan,), jnp.int32)
+            row["kids"] = jax.ShapeDtypeStruct((self.fan,), idx.dtype)
             row["joined"] = tuple(types[r] for r in g.join.rets)
         if g.spawn:  # the children it spawned
-            row["spawned"] = jax.ShapeDtypeStruct((self.fan,), jnp.int32)
+            row["spawned"] = jax.ShapeDtypeStruct((self.fan,), idx.dtype)
         return row
 
     def empty_tape(self) -> dict[str, Any]:
-        rows = self.capacity + self.rec_width
+        rows, idx = self.capacity + self.rec_width, index_dtype()
         return {
-            "t": jnp.zeros((), jnp.int32),
+            "t": jnp.zeros((), idx),
             # Never read before written (padding rows are replaced): uninitialized where the backend allows.
-            "log_block": lax.empty((self.log_size,), jnp.int32),
-            "log_count": lax.empty((self.log_size,), jnp.int32),
-            "cursor": jnp.zeros((self.prog.num_blocks,), jnp.int32),
+            "log_block": lax.empty((self.log_size,), idx),
+            "log_count": lax.empty((self.log_size,), idx),
+            "cursor": jnp.zeros((self.prog.num_blocks,), idx),
             "rows": {g.index: tree_map(lambda s: lax.empty((rows,) + s.shape, s.dtype), self.row_types(g))
                      for g in self.blocks},
             # the event whose value each slot of each float stack holds (none: out of range)
-            "writer": {s: jnp.full((self.depth, self.lanes), self.events[s], jnp.int32) for s in self.float_stacks},
+            "writer": {s: jnp.full((self.depth, self.lanes), self.events[s], idx) for s in self.float_stacks},
         }
 
     @staticmethod
@@ -329,7 +330,7 @@ class Recorder:
         W = p.rec_width
         # The lanes the step runs: the first W waiting at the block (as both machines pick them).
         ids = _first(pre["pc"] == block, W)
-        n = jnp.sum(ids < p.lanes, dtype=jnp.int32)
+        n = jnp.sum(ids < p.lanes, dtype=ids.dtype)
         recorded = (jnp.asarray(p.dense)[block] >= 0) & (n > 0)  # the backward pads with row 0: a real one
         tape = dict(tape)
         t = tape["t"]
@@ -369,7 +370,7 @@ class Recorder:
                 writer = dict(writer)
                 for s in g.writes:
                     if s in p.float_stacks:
-                        event = p.event_base[s, g.index] + start + jnp.arange(w, dtype=jnp.int32)
+                        event = p.event_base[s, g.index] + start + jnp.arange(w, dtype=ids.dtype)
                         writer[s] = writer[s].at[sp[s][:w] + g.offsets[s][1], lanes].set(event, mode="drop")
                 return rows, writer
             return go
@@ -382,7 +383,7 @@ class Recorder:
             return lambda r, wr: lax.switch(which, writes, r, wr) if len(writes) > 1 else writes[0](r, wr)
 
         rows, writer = dict(tape["rows"]), tape["writer"]
-        dep = jnp.zeros((), jnp.int32)  # depends on every read below (see `while_loop_recorded`)
+        dep = jnp.zeros((), ids.dtype)  # depends on every read below (see `while_loop_recorded`)
         for g in p.blocks:
             rows[g.index], writer = lax.cond(block == g.index, bucketed(g), lambda r, w: (r, w), rows[g.index], writer)
             dep = dep | (rows[g.index]["lane"][0] & 0x40000000) | (ids[0] & 0x40000000)
@@ -467,7 +468,7 @@ class Backward:
                     extra_const[a] = _add(extra_const.get(a) or _zeros(types[a], ()),
                                           [None if x is None else jnp.sum(x, axis=0) for x in c])
             # 2. what the block wrote
-            own = {s: jnp.where(valid, p.event_base[s, g.index] + start + jnp.arange(w, dtype=jnp.int32),
+            own = {s: jnp.where(valid, p.event_base[s, g.index] + start + jnp.arange(w, dtype=index_dtype()),
                                 p.events[s]) for s in float_writes}
             ct_out = [x for v in g.reg_out for x in cts[v]] + [
                 x.at[own[s]].get(mode="fill", fill_value=0) for s in float_writes for x in acc[s]]
@@ -692,10 +693,12 @@ class Differentiable:
         cursor = np.asarray(tape["cursor"])
         rows = {g.index: int(cursor[g.index]) for g in plan.blocks}
         row_bytes = {g.index: _nbytes(plan.row_types(g)) for g in plan.blocks}
-        fixed = plan.depth * plan.lanes * 4 * len(plan.float_stacks)  # the event ids of the stacks' slots
+        word = index_dtype().itemsize
+        fixed = plan.depth * plan.lanes * word * len(plan.float_stacks)  # the event ids of the stacks' slots
         steps = int(tape["t"])
-        used = sum(rows[b] * row_bytes[b] for b in rows) + 8 * steps + fixed
-        allocated = (sum((plan.capacity + plan.rec_width) * row_bytes[b] for b in rows) + 8 * plan.log_size + fixed)
+        used = sum(rows[b] * row_bytes[b] for b in rows) + 2 * word * steps + fixed
+        allocated = (sum((plan.capacity + plan.rec_width) * row_bytes[b] for b in rows) + 2 * word * plan.log_size
+                     + fixed)
         return TapeInfo(self.tape_size, plan.needed(tape), rows, steps, int(status.steps), used, allocated)
 
     def _backward(self, plan: Plan, inputs: dict[str, Any], tape: dict[str, Any], ct_result: list) -> dict[str, Any]:
@@ -726,7 +729,7 @@ class Differentiable:
 
         @jax.custom_vjp
         def call(inputs):
-            return (*primal(inputs), jnp.zeros((), jnp.int32))
+            return (*primal(inputs), jnp.zeros((), index_dtype()))  # like `need` below
 
         def fwd(inputs):
             plan, forward, _ = self.compiled(self.tape_size)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pcbatch.fsm.base import Frontier, Scheduler, bind
+from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.steps import StepRecorder, StepTrace
 from pcbatch.runtime.inplace import masked_update
 from pcbatch.ir.core import (
@@ -219,7 +220,7 @@ def while_loop_recorded(cond, step, init: Any, recorder: Any = None) -> tuple[An
             # The block index depends on what the recorder wrote (`dep` never
             # equals the minimum; XLA cannot know): the step's updates wait for
             # its reads. (An optimization barrier is expanded away on CPU.)
-            block = jnp.where(dep == jnp.iinfo(jnp.int32).min, block + 1, block)
+            block = jnp.where(dep == jnp.iinfo(dep.dtype).min, block + 1, block)
             seen.update(tape=tape_, taken=taken, block=block)
             return block
 
@@ -255,12 +256,12 @@ class StackLayout(NamedTuple):
         zero-filling new ones."""
         stacks = {s: tree_map(lambda x: jax.ShapeDtypeStruct((depth, lanes) + x.shape, x.dtype), t)
                   for s, t in self.stacks.items()}
-        return {"stacks": stacks, "pc_stack": jax.ShapeDtypeStruct((depth, lanes), jnp.int32)}
+        return {"stacks": stacks, "pc_stack": jax.ShapeDtypeStruct((depth, lanes), index_dtype())}
 
 
 def block_in(block: jax.Array, blocks: list[int]) -> jax.Array:
     """Whether the (traced) chosen block is one of `blocks`."""
-    return jnp.any(block == jnp.array(blocks, jnp.int32)) if blocks else jnp.zeros((), bool)
+    return jnp.any(block == jnp.array(blocks, block.dtype)) if blocks else jnp.zeros((), bool)
 
 
 def eval_prelude(prog: StackProgram, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -289,7 +290,7 @@ class Machine:
         self.scheduler = bind(config.scheduler, prog)
         self.halt = prog.num_blocks
         self.overflowed = prog.num_blocks + 1  # a halted lane whose recursion overflowed
-        self.lane_ids = jnp.arange(num_lanes)
+        self.lane_ids = jnp.arange(num_lanes, dtype=index_dtype())
         # A lane slot for every value that crosses a block boundary; a stacked
         # variable that is only ever restored and used within one block needs none.
         self.stored = [v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing]
@@ -326,26 +327,26 @@ class Machine:
 
     def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any],
              active: jax.Array | None = None) -> dict[str, Any]:
-        L, D, types = self.lanes, self.depth, self.prog.var_types
+        L, D, types, idx = self.lanes, self.depth, self.prog.var_types, index_dtype()
         regs = {v: _zeros(types[v], (L,)) for v in self.stored}
         for v, x in batched_inputs.items():
             if v in regs:
                 regs[v] = _cast(x, types[v], L)
-        pc = jnp.full((L,), self.prog.entry_block, jnp.int32)
+        pc = jnp.full((L,), self.prog.entry_block, idx)
         if active is not None:  # padding examples start halted: they never run a block
             pc = jnp.where(active, pc, self.halt)
         state = {
             "pc": pc,
             "regs": regs,
             "stacks": dict(workspace["stacks"]),
-            "sps": {s: jnp.zeros((L,), jnp.int32) for s in self.stacks},
-            "depth": jnp.zeros((L,), jnp.int32),
-            "steps": jnp.zeros((), jnp.int32),
+            "sps": {s: jnp.zeros((L,), idx) for s in self.stacks},
+            "depth": jnp.zeros((L,), idx),
+            "steps": jnp.zeros((), idx),
             "sched": self.scheduler.init(self.prog.num_blocks, L),
         }
         if self.prog.has_calls:
             state["pc_stack"] = workspace["pc_stack"].at[0].set(self.halt)
-            state["pc_sp"] = jnp.ones((L,), jnp.int32)  # slot 0 holds the halt address
+            state["pc_sp"] = jnp.ones((L,), idx)  # slot 0 holds the halt address
         return state
 
     # --- one block -------------------------------------------------------
@@ -359,7 +360,7 @@ class Machine:
 
     def block_fn(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
         prog, block, types = self.prog, self.prog.blocks[b], self.prog.var_types
-        L, D, lane_ids = self.lanes, self.depth, self.lane_ids
+        L, D, lane_ids, idx = self.lanes, self.depth, self.lane_ids, index_dtype()
         masked_ops, clean = _masked_plan(block, types, self.large)
 
         def run(lane_state: dict[str, Any], stacks: dict[str, Any]):
@@ -367,10 +368,10 @@ class Machine:
             regs, sps = dict(lane_state["regs"]), dict(lane_state["sps"])
             active = lane_state["pc"] == b
             # `stacks` holds each stack's top per lane, not the stack.
-            no_write = jnp.full((L,), D, jnp.int32)
+            no_write = jnp.full((L,), D, idx)
             writes = {s: (no_write, _zeros(t, (L,))) for s, t in self.stacks.items()}
             if prog.has_calls:
-                writes[PC] = (no_write, jnp.zeros((L,), jnp.int32))
+                writes[PC] = (no_write, jnp.zeros((L,), idx))
 
             def load(v: str) -> tuple[Any, bool]:
                 if prog.var_class[v] == CONSTANT:
@@ -406,7 +407,7 @@ class Machine:
                 sp = lane_state["pc_sp"]
                 overflow = active & (sp >= D)  # the lane halts at OVERFLOWED
                 ok = active & ~overflow
-                writes[PC] = (jnp.where(ok, sp, D), jnp.full((L,), term.ret, jnp.int32))
+                writes[PC] = (jnp.where(ok, sp, D), jnp.full((L,), term.ret, idx))
                 lane_state["pc_sp"] = sp + ok
                 pc = jnp.where(ok, term.target, jnp.where(overflow, self.overflowed, pc))
             elif isinstance(term, Return):
@@ -516,7 +517,7 @@ class Machine:
         if self.heavy:  # the switch's branch when a heavy block was chosen: nothing
             branches.append(self._noop_branch())
             slot = jnp.asarray([light.index(b) if b in light else len(light)
-                                for b in range(self.prog.num_blocks)] + [len(light)], jnp.int32)
+                                for b in range(self.prog.num_blocks)] + [len(light)], index_dtype())
         in_place = [self.block_cond(b, consts, inv) for b in sorted(self.heavy)]
         halt, max_steps, lanes = self.halt, self.max_steps, self.lane_ids
 
@@ -526,9 +527,9 @@ class Machine:
 
         def step(state, observe):
             pc = jnp.minimum(state["pc"], halt)  # every halted lane looks alike to schedulers
-            counts = jnp.zeros((halt,), jnp.int32).at[pc].add(1, mode="drop")
+            counts = jnp.zeros((halt,), pc.dtype).at[pc].add(1, mode="drop")
             block, sched = self.scheduler.choose(state["sched"], Frontier(pc, counts, state["depth"]))
-            block = observe(state, block)
+            block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
             if light:
                 state = self._switch_step(slot[block] if self.heavy else block, block, branches, state)
             for run_in_place in in_place:
@@ -540,7 +541,7 @@ class Machine:
         result = final["regs"][self.prog.result]
         pc = final["pc"]
         status = Status(pc == self.overflowed, pc < self.halt, pc, final["steps"], final["depth"],
-                        jnp.asarray(self.lanes, jnp.int32))
+                        jnp.asarray(self.lanes, index_dtype()))
         out = result, status, {"stacks": final["stacks"], "pc_stack": final.get("pc_stack", workspace["pc_stack"])}
         return out if recorder is None else (*out, tape)
 
@@ -578,8 +579,8 @@ class Machine:
         return branch
 
     def _noop_branch(self):
-        no_write = jnp.full((self.lanes,), self.depth, jnp.int32)
-        types = {**self.stacks, PC: jax.ShapeDtypeStruct((), jnp.int32)}
+        no_write = jnp.full((self.lanes,), self.depth, index_dtype())
+        types = {**self.stacks, PC: jax.ShapeDtypeStruct((), index_dtype())}
 
         def branch(lane_state, tops):
             return lane_state, {s: (no_write, _zeros(types[s], (self.lanes,))) for s in self.light_writers}

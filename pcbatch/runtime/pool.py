@@ -41,6 +41,7 @@ from pcbatch.ir.core import (
     StackProgram,
     op_writes,
 )
+from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.machine import (
     MachineConfig,
     StackLayout,
@@ -68,8 +69,8 @@ def _first(mask: jax.Array, n: int) -> jax.Array:
     """Indices of the first `n` true entries of `mask`, then `len(mask)`: a
     prefix sum and a binary search per slot (a scatter over the whole mask
     costs far more on CPU)."""
-    return jnp.searchsorted(jnp.cumsum(mask, dtype=jnp.int32), jnp.arange(1, n + 1, dtype=jnp.int32),
-                            side="left").astype(jnp.int32)
+    idx = index_dtype()
+    return jnp.searchsorted(jnp.cumsum(mask, dtype=idx), jnp.arange(1, n + 1, dtype=idx), side="left").astype(idx)
 
 
 def _pad(x: jax.Array, n: int, fill: Any = 0) -> jax.Array:
@@ -130,27 +131,27 @@ class PoolMachine:
 
     def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any],
              active: jax.Array | None = None) -> dict[str, Any]:
-        M, B, types, col = self.lanes, self.examples, self.prog.var_types, self.col
+        M, B, types, col, idx = self.lanes, self.examples, self.prog.var_types, self.col, index_dtype()
         regs = {v: _zeros(types[v], (M,)) for v in self.stored}
         for v, x in batched_inputs.items():
             if v in regs:
                 regs[v] = tree_map(lambda r, y: r.at[:B].set(y), regs[v], _cast(x, types[v], B))
-        lane = jnp.zeros((M, self.num_cols), jnp.int32)
+        lane = jnp.zeros((M, self.num_cols), idx)
         lane = lane.at[:, col["pc_sp"]].set(1)  # slot 0 belongs to the bottom frame and is never read
-        lane = lane.at[:, col["parent"]].set(-1).at[:, col["example"]].set(jnp.arange(M) % B)
+        lane = lane.at[:, col["parent"]].set(-1).at[:, col["example"]].set(jnp.arange(M, dtype=idx) % B)
         lane = lane.at[:, self.kids].set(M)
-        entry = jnp.full((B,), self.prog.entry_block, jnp.int32)
+        entry = jnp.full((B,), self.prog.entry_block, idx)
         if active is not None:  # padding examples start halted: they never run a block
             entry = jnp.where(active, entry, self.halt)
         return {
-            "pc": jnp.full((M,), self.free, jnp.int32).at[:B].set(entry),
+            "pc": jnp.full((M,), self.free, idx).at[:B].set(entry),
             "lane": lane,
             "regs": regs,
             "stacks": dict(workspace["stacks"]),  # never read before written: no zero fill
             "pc_stack": workspace["pc_stack"],
-            "work": jnp.zeros((B,), jnp.int32),  # blocks run by all of an example's lanes
-            "peak": jnp.asarray(B, jnp.int32),
-            "steps": jnp.zeros((), jnp.int32),
+            "work": jnp.zeros((B,), idx),  # blocks run by all of an example's lanes
+            "peak": jnp.asarray(B, idx),
+            "steps": jnp.zeros((), idx),
             "sched": self.scheduler.init(self.prog.num_blocks, M),
         }
 
@@ -160,6 +161,7 @@ class PoolMachine:
         """Block `b` on (up to) `W` of its lanes; every output padded to `self.width` rows."""
         prog, block, types, col = self.prog, self.prog.blocks[b], self.prog.var_types, self.col
         M, D, K, N = self.lanes, self.depth, self.fan, self.width
+        idx = index_dtype()
 
         def run(state: dict[str, Any]) -> dict[str, Any]:
             pc_all = state["pc"]
@@ -169,12 +171,11 @@ class PoolMachine:
             get = lambda name: own[:, col[name]]  # noqa: E731
             sps = {s: get(f"sp:{s}") for s in self.stacks}
             changes: dict[str, jax.Array] = {"depth": get("depth") + 1}
-            no_row = jnp.full((W,), D, jnp.int32)
+            no_row = jnp.full((W,), D, idx)
             stack_writes = {s: (no_row, _zeros(t, (W,))) for s, t in self.stacks.items()}
-            pc_write = (no_row, jnp.zeros((W,), jnp.int32))
-            freed = jnp.full((W * K,), M, jnp.int32)
-            spawned = (jnp.full((W * K,), M, jnp.int32), jnp.zeros((W * K, self.num_cols), jnp.int32),
-                       jnp.zeros((W * K,), jnp.int32))
+            pc_write = (no_row, jnp.zeros((W,), idx))
+            freed = jnp.full((W * K,), M, idx)
+            spawned = (jnp.full((W * K,), M, idx), jnp.zeros((W * K, self.num_cols), idx), jnp.zeros((W * K,), idx))
 
             loaded: dict[str, Any] = {}  # registers and invariants, gathered once
 
@@ -218,51 +219,51 @@ class PoolMachine:
             finished = jnp.zeros((W,), bool)  # a child lane whose bottom frame is done
             child = get("parent") >= 0
             if isinstance(term, Jump):
-                pc = jnp.full((W,), term.target, jnp.int32)
+                pc = jnp.full((W,), term.target, idx)
             elif isinstance(term, Branch):
                 cond, _ = read(term.cond)
                 cond = jnp.broadcast_to(jnp.asarray(cond) != 0, (W,))
-                pc = jnp.where(cond, term.true, term.false).astype(jnp.int32)
+                pc = jnp.where(cond, term.true, term.false).astype(idx)
             elif isinstance(term, PushJump):
                 sp = get("pc_sp")
                 overflow = sp >= D
-                pc_write = (jnp.where(valid & ~overflow, sp, D), jnp.full((W,), term.ret, jnp.int32))
+                pc_write = (jnp.where(valid & ~overflow, sp, D), jnp.full((W,), term.ret, idx))
                 changes["pc_sp"] = sp + ~overflow
                 # An overflowing child finishes poisoned (its parent must not wait forever).
                 finished = overflow & child
                 changes["poison"] = get("poison") | overflow
-                pc = jnp.where(overflow, jnp.where(child, self.done, self.overflowed), term.target).astype(jnp.int32)
+                pc = jnp.where(overflow, jnp.where(child, self.done, self.overflowed), term.target).astype(idx)
             elif isinstance(term, Return):
                 sp = get("pc_sp")
                 bottom = sp <= 1
                 popped = state["pc_stack"].at[jnp.maximum(sp - 1, 0), ids].get(mode="fill", fill_value=self.halt)
                 finished = bottom & child
-                pc = jnp.where(bottom, jnp.where(child, self.done, self.halt), popped).astype(jnp.int32)
+                pc = jnp.where(bottom, jnp.where(child, self.done, self.halt), popped).astype(idx)
                 changes["pc_sp"] = jnp.maximum(sp - 1, 1)
             elif isinstance(term, Fork):
                 k = len(term.calls)
                 free = pc_all == self.free
-                room = jnp.sum(free) // k
-                can = valid & (jnp.arange(W) < room)  # valid rows come first, in order
+                room = jnp.sum(free, dtype=idx) // k
+                can = valid & (jnp.arange(W, dtype=idx) < room)  # valid rows come first, in order
                 kids = jnp.where(can[:, None], _first(free, W * k).reshape(W, k), M)
                 kids = jnp.pad(kids, ((0, 0), (0, K - k)), constant_values=M)
                 own = own.at[:, self.kids].set(kids)
                 changes["pending"] = jnp.where(can, k, get("pending"))
                 # The children's rows: a fresh bottom frame, this lane as parent.
-                rows = jnp.zeros((W, K, self.num_cols), jnp.int32)
+                rows = jnp.zeros((W, K, self.num_cols), idx)
                 rows = rows.at[:, :, col["pc_sp"]].set(1).at[:, :, self.kids].set(M)
                 rows = rows.at[:, :, col["parent"]].set(ids[:, None])
                 rows = rows.at[:, :, col["depth"]].set(changes["depth"][:, None])  # the Fork's successors
                 rows = rows.at[:, :, col["example"]].set(get("example")[:, None])
-                starts = jnp.array([c.target for c in term.calls] + [0] * (K - k), jnp.int32)
+                starts = jnp.array([c.target for c in term.calls] + [0] * (K - k), idx)
                 spawned = (kids.reshape(-1), rows.reshape(W * K, -1), jnp.broadcast_to(starts, (W, K)).reshape(-1))
-                pc = jnp.where(can, -1 - term.join, term.seq).astype(jnp.int32)
+                pc = jnp.where(can, -1 - term.join, term.seq).astype(idx)
             decrement = jnp.where(valid & finished, get("parent"), M)
 
             for s in self.stacks:
                 changes[f"sp:{s}"] = sps[s]
             for name, x in changes.items():
-                own = own.at[:, col[name]].set(x.astype(jnp.int32))
+                own = own.at[:, col[name]].set(x.astype(idx))
             # Every branch returns the same structure: zeros for registers it does not write.
             regs = {v: env[v] if b in self.writers[v] else _zeros(types[v], (W,))
                     for v in self.stored if self.writers[v]}
@@ -314,10 +315,10 @@ class PoolMachine:
             pc = state["pc"]
             ready = (pc >= 0) & (pc < halt)
             sched_pc = jnp.where(ready, pc, halt)
-            counts = jnp.sum(sched_pc[None, :] == jnp.arange(halt, dtype=jnp.int32)[:, None], axis=1, dtype=jnp.int32)
+            counts = jnp.sum(sched_pc[None, :] == jnp.arange(halt, dtype=pc.dtype)[:, None], axis=1, dtype=pc.dtype)
             depth = state["lane"][:, col["depth"]]
             block, sched = self.scheduler.choose(state["sched"], Frontier(sched_pc, counts, depth))
-            block = observe(state, block)
+            block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
             view = {k: state[k] for k in ("pc", "lane", "regs", "stacks", "pc_stack")}
             view["count"] = counts[block]  # lanes waiting at the chosen block
             out = lax.switch(block, branches, view)
@@ -353,7 +354,7 @@ class PoolMachine:
                 lane = lane.at[out["decrement"], col["depth"]].max(out["lane"][:, col["depth"]], mode="drop")
                 pc = jnp.where((pc < 0) & (lane[:, col["pending"]] == 0), -1 - pc, pc)
             new.update(pc=pc, lane=lane, regs=regs, stacks=stacks, sched=sched, steps=state["steps"] + 1,
-                       peak=jnp.maximum(state["peak"], jnp.sum(pc != self.free)))
+                       peak=jnp.maximum(state["peak"], jnp.sum(pc != self.free, dtype=pc.dtype)))
             return new, {"block": block, "out": out}
 
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)

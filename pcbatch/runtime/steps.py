@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pcbatch.runtime.dtypes import index_dtype
+
 
 class StepRecorder:
     """Per-step records of up to `size` steps of a machine whose steps run at
@@ -26,18 +28,19 @@ class StepRecorder:
         self.num_blocks, self.width, self.size, self.per_lane = num_blocks, width, size, per_lane
 
     def init(self, state: dict[str, Any]) -> dict[str, jax.Array]:
-        tape = {"t": jnp.zeros((), jnp.int32),
-                "block": jnp.full((self.size,), -1, jnp.int32),
-                "lanes": jnp.zeros((self.size,), jnp.int32),
-                "counts": jnp.zeros((self.size, self.num_blocks), jnp.int32)}
+        idx = index_dtype()
+        tape = {"t": jnp.zeros((), idx),
+                "block": jnp.full((self.size,), -1, idx),
+                "lanes": jnp.zeros((self.size,), idx),
+                "counts": jnp.zeros((self.size, self.num_blocks), idx)}
         if self.per_lane:
-            tape["pc"] = jnp.zeros((self.size,) + state["pc"].shape, jnp.int32)
+            tape["pc"] = jnp.zeros((self.size,) + state["pc"].shape, idx)
         return tape
 
     def before(self, tape: dict[str, jax.Array], pre: dict[str, Any], block: jax.Array):
         nb, pc = self.num_blocks, pre["pc"]
         # Ready lanes wait at a block; halted, done, free and blocked lanes sit outside [0, nb).
-        counts = jnp.zeros((nb,), jnp.int32).at[jnp.where((pc >= 0) & (pc < nb), pc, nb)].add(1, mode="drop")
+        counts = jnp.zeros((nb,), pc.dtype).at[jnp.where((pc >= 0) & (pc < nb), pc, nb)].add(1, mode="drop")
         t = tape["t"]
         at = jnp.minimum(t, self.size)  # past the end: dropped
         new = {"t": t + 1,
@@ -54,17 +57,17 @@ class StepRecorder:
 
 @dataclass(frozen=True, eq=False)
 class StepTrace:
-    """One run of the machine, step by step.
+    """One run of the machine, step by step (integers: `dtypes.index_dtype()`).
 
-    blocks:    int32[kept] block run at each step.
-    lanes:     int32[kept] lanes that block ran.
-    counts:    int32[kept, num_blocks] ready lanes per block before the step
+    blocks:    int[kept] block run at each step.
+    lanes:     int[kept] lanes that block ran.
+    counts:    int[kept, num_blocks] ready lanes per block before the step
                (the frontier the scheduler chose from).
     total:     steps the run took; more than `kept` when the buffer was too
                small (`truncated`; pass a larger `steps=` to `f.trace`).
     num_lanes: lanes of the machine (the batch, or the fork-join lane pool).
     width:     the most lanes one step runs (the first waiting, by lane index).
-    pc:        int32[kept, num_lanes] each lane's pc before each step, or None
+    pc:        int[kept, num_lanes] each lane's pc before each step, or None
                (`f.trace(..., per_lane=True)` records it).
     """
 
