@@ -77,8 +77,10 @@ and a checkify error names it. Examples that overflowed their stacks or ran
 out of `max_steps` get NaN gradients (a shared parameter: if any did), never
 garbage.
 
-Forward mode is not available (`jax.custom_vjp`): `jax.jvp` raises
-`pcbatch.ForwardModeError` naming `jax.grad` / `jax.vjp` / `jax.jacrev`.
+Only reverse mode goes through here: forward mode alone (`jax.jvp`,
+`jax.jacfwd`) runs the plain machine, which JAX differentiates forwards like
+any while loop; forward over reverse (`jax.hessian`) cannot differentiate this
+custom_vjp and raises `pcbatch.ForwardModeError` (`pcbatch/api.py` decides).
 
 >>> import jax, jax.numpy as jnp, pcbatch
 >>> @pcbatch.autobatch
