@@ -26,7 +26,8 @@ from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.runtime import MachineConfig, Status, run_machine
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.grad import Differentiable, TapeInfo, is_float
-from pcbatch.runtime.machine import StackLayout, new_workspace, trace_steps, workspace_shapes
+from pcbatch.runtime.machine import StackLayout
+from pcbatch.runtime.run import new_workspace, trace_steps, workspace_shapes
 from pcbatch.runtime.steps import StepTrace
 
 tree_util = jax.tree_util

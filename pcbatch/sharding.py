@@ -150,7 +150,7 @@ class BatchSharding:
 
     def new_workspace(self, shapes: Any) -> Any:
         """A zero workspace for every device: `shapes` (one device's, as
-        `pcbatch.runtime.machine.workspace_shapes`) with a leading device axis,
+        `pcbatch.runtime.run.workspace_shapes`) with a leading device axis,
         each device's block allocated on that device."""
         sharding = NamedSharding(self.mesh, PartitionSpec(self.axis))
         make = jax.jit(lambda: tree_map(lambda s: jnp.zeros((self.devices,) + s.shape, s.dtype), shapes),

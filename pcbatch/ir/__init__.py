@@ -21,10 +21,11 @@ from pcbatch.ir.core import (
     Update,
 )
 from pcbatch.ir.interpret import Trace, run_program, run_stack_program
+from pcbatch.ir.printer import format_program, format_stack_program
 from pcbatch.ir.verify import IRError, verify_program, verify_stack_program
 
 __all__ = [
     "CONSTANT", "INVARIANT", "REGISTER", "STACKED", "TEMPORARY", "Block", "Branch", "Call", "Function", "IRError", "Jump",
     "Peek", "Pop", "Prim", "Program", "Push", "PushJump", "Return", "StackProgram", "Trace", "Update", "run_program",
-    "run_stack_program", "verify_program", "verify_stack_program",
+    "format_program", "format_stack_program", "run_stack_program", "verify_program", "verify_stack_program",
 ]

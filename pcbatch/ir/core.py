@@ -18,6 +18,10 @@ from typing import Any, Callable, Mapping, Union
 
 from pcbatch.errors import Loc
 
+# How programs print: filled in by `pcbatch.ir.printer` (imported with the
+# package), so that the IR does not import its own printer.
+FORMATTERS: dict[type, Callable[[Any], str]] = {}
+
 
 # --- ops -----------------------------------------------------------------
 
@@ -191,9 +195,7 @@ class Program:
         raise KeyError(name)
 
     def __str__(self) -> str:
-        from pcbatch.ir.printer import format_program
-
-        return format_program(self)
+        return FORMATTERS[Program](self)
 
 
 TEMPORARY, REGISTER, STACKED, CONSTANT = "temporary", "register", "stacked", "constant"
@@ -246,9 +248,7 @@ class StackProgram:
         return tuple(sorted(v for v, c in self.var_class.items() if c == cls))
 
     def __str__(self) -> str:
-        from pcbatch.ir.printer import format_stack_program
-
-        return format_stack_program(self)
+        return FORMATTERS[StackProgram](self)
 
 
 def op_reads(op: Op) -> tuple[str, ...]:

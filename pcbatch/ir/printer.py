@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import jax
 
 from pcbatch.ir.core import (
+    FORMATTERS,
     CONSTANT,
     INVARIANT,
     REGISTER,
@@ -182,3 +183,7 @@ def format_stack_program(prog: StackProgram) -> str:
         owner = prog.block_function[i] if prog.block_function else None
         out += _format_block(i, block, _Names(owner, types))
     return "\n".join(out) + "\n"
+
+
+FORMATTERS[Program] = format_program
+FORMATTERS[StackProgram] = format_stack_program

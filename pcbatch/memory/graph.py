@@ -156,7 +156,7 @@ def _leaf_names(var: str, t: Any) -> list[str]:
     return [".".join([base] + [_key_name(k) for k in path]) for path, _ in paths]
 
 
-def _params_key(params: Mapping[str, Any]) -> Any:
+def params_key(params: Mapping[str, Any]) -> Any:
     try:
         key = tuple(sorted(params.items()))
         hash(key)
@@ -255,7 +255,7 @@ def _inline(g: BlockGraph, jaxpr: Any, consts: Sequence[Any], args: Sequence[Ato
             continue
         if eqn.effects:
             raise Unsupported(f"`{eqn.primitive.name}` has side effects")
-        pk = _params_key(eqn.params)
+        pk = params_key(eqn.params)
         key = None if pk is None else (eqn.primitive, pk, tuple(a.key() if isinstance(a, Lit) else a for a in ins))
         if key is not None and key in cse:
             outs = cse[key]

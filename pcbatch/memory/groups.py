@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .graph import Atom, BlockGraph, Lit, Node, _params_key
+from .graph import Atom, BlockGraph, Lit, Node, params_key
 
 __all__ = ["ELEMENTWISE", "Group", "Operand", "find_groups"]
 
@@ -86,7 +86,7 @@ def _wild(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
 
 def _dot_signature(g: BlockGraph, node: Node) -> tuple | None:
     (contract, batch) = node.params["dimension_numbers"]
-    pk = _params_key(node.params)
+    pk = params_key(node.params)
     if pk is None:
         return None
     for side in (0, 1):
@@ -107,7 +107,7 @@ def _elementwise_signature(g: BlockGraph, node: Node, member_of: dict[int, int],
                            groups: list[Group]) -> tuple | None:
     if node.primitive not in ELEMENTWISE or len(node.outs) != 1:
         return None
-    pk = _params_key(node.params)
+    pk = params_key(node.params)
     shape = g.shape(node.outs[0])
     if pk is None or not shape:
         return None  # scalars: nothing to gain, and no axis to pack along

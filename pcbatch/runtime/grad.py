@@ -106,15 +106,14 @@ from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.machine import (
     Machine,
     MachineConfig,
-    _cast,
-    _machine_for,
     block_dataflow,
     eval_prelude,
-    run_machine,
     run_prim,
     stack_offsets,
 )
-from pcbatch.runtime.pool import PoolMachine, _first, _gather
+from pcbatch.runtime.lanes import cast_to, first_true, gather_rows
+from pcbatch.runtime.pool import PoolMachine
+from pcbatch.runtime.run import machine_for, run_machine
 
 tree_util = jax.tree_util
 tree_map = tree_util.tree_map
@@ -147,7 +146,7 @@ def with_floats(x: Any, new: list) -> Any:
     return treedef.unflatten([next(it) if _inexact(a) else a for a in leaves])
 
 
-def _zeros(t: Any, lead: tuple[int, ...]) -> list:
+def zeros_of(t: Any, lead: tuple[int, ...]) -> list:
     """Zero cotangents (float leaves only) of type `t`, with leading axes."""
     return [jnp.zeros(lead + s.shape, s.dtype) for s in floats(t)]
 
@@ -331,7 +330,7 @@ class Recorder:
         p = self.plan
         W = p.rec_width
         # The lanes the step runs: the first W waiting at the block (as both machines pick them).
-        ids = _first(pre["pc"] == block, W)
+        ids = first_true(pre["pc"] == block, W)
         n = jnp.sum(ids < p.lanes, dtype=ids.dtype)
         recorded = (jnp.asarray(p.dense)[block] >= 0) & (n > 0)  # the backward pads with row 0: a real one
         tape = dict(tape)
@@ -355,7 +354,7 @@ class Recorder:
             def go(rows, writer):
                 lanes, ex = ids[:w], example[:w]
                 row: dict[str, Any] = {"lane": lanes, "example": ex,
-                                       "reg": {v: _gather(pre["regs"][v], lanes) for v in g.reg_in}}
+                                       "reg": {v: gather_rows(pre["regs"][v], lanes) for v in g.reg_in}}
                 slot = {s: jnp.maximum(sp[s][:w] - 1, 0) for s in g.reads}
                 row["top"] = {s: tree_map(lambda a: a.at[slot[s], lanes].get(mode="fill", fill_value=0),
                                           pre["stacks"][s]) for s in g.reads}
@@ -364,7 +363,7 @@ class Recorder:
                 if g.join is not None:
                     kids = own[:w, p.kids]
                     row["kids"] = kids
-                    row["joined"] = tuple(_gather(pre["regs"][r], kids[:, k]) for k, r in enumerate(g.join.rets))
+                    row["joined"] = tuple(gather_rows(pre["regs"][r], kids[:, k]) for k, r in enumerate(g.join.rets))
                 rows = dict(rows)
                 for k, x in row.items():
                     rows[k] = tree_map(lambda a, x: lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), start, 0),
@@ -436,7 +435,7 @@ class Backward:
                 return regs_in[v], True
 
             def join(op: Join) -> dict[str, Any]:
-                return {v: _cast(joined[k], types[v], None) for k, v in enumerate(op.outs)}
+                return {v: cast_to(joined[k], types[v], None) for k, v in enumerate(op.outs)}
 
             env, pushed = block_dataflow(block, p.layout.stack_of, load, tops.__getitem__, join, types, w)
             return [x for v in g.reg_out for x in floats(env[v])] + [x for s in float_writes for x in floats(pushed[s])]
@@ -465,9 +464,9 @@ class Backward:
                 if a in cot:
                     cts[a] = _add(cts[a], c)
                 elif prog.var_class[a] == INVARIANT:
-                    extra_inv[a] = _add(extra_inv.get(a) or _zeros(types[a], (w,)), c)
+                    extra_inv[a] = _add(extra_inv.get(a) or zeros_of(types[a], (w,)), c)
                 else:
-                    extra_const[a] = _add(extra_const.get(a) or _zeros(types[a], ()),
+                    extra_const[a] = _add(extra_const.get(a) or zeros_of(types[a], ()),
                                           [None if x is None else jnp.sum(x, axis=0) for x in c])
             # 2. what the block wrote
             own = {s: jnp.where(valid, p.event_base[s, g.index] + start + jnp.arange(w, dtype=index_dtype()),
@@ -475,7 +474,7 @@ class Backward:
             ct_out = [x for v in g.reg_out for x in cts[v]] + [
                 x.at[own[s]].get(mode="fill", fill_value=0) for s in float_writes for x in acc[s]]
             # 3. its VJP on the rows
-            inv_rows = {v: _gather(inv[v], example) for v in g.inv_in}
+            inv_rows = {v: gather_rows(inv[v], example) for v in g.inv_in}
             cs = {v: consts[v] for v in g.const_in}
             primal = {"reg": rows["reg"], "top": rows["top"], "joined": rows.get("joined", ()),
                       "inv": inv_rows, "const": cs}
@@ -508,10 +507,10 @@ class Backward:
                 out["spawned"] = pad(spawned.reshape(-1), M)
             ex = jnp.where(valid, example, B)
             out["ex"] = pad(ex, B)
-            out["inv"] = {v: (pad(ex, B), [pad(x) for x in _add(ct_in["inv"].get(v) or _zeros(types[v], (w,)),
+            out["inv"] = {v: (pad(ex, B), [pad(x) for x in _add(ct_in["inv"].get(v) or zeros_of(types[v], (w,)),
                                                                   extra_inv.get(v) or [None] * len(floats(types[v])))])
                           for v in g.inv_in if is_float(types[v])}
-            out["const"] = {v: _add(ct_in["const"].get(v) or _zeros(types[v], ()),
+            out["const"] = {v: _add(ct_in["const"].get(v) or zeros_of(types[v], ()),
                                     extra_const.get(v) or [None] * len(floats(types[v])))
                             for v in g.const_in if is_float(types[v])}
             return out
@@ -557,15 +556,15 @@ class Backward:
         which invariants per example / constants the recorded blocks read."""
         p, prog = self.plan, self.plan.prog
         types, M, B = prog.var_types, p.lanes, p.examples
-        cot = {v: _zeros(types[v], (M,)) for v in p.float_regs}
+        cot = {v: zeros_of(types[v], (M,)) for v in p.float_regs}
         cot[prog.result] = [c.at[:B].set(x.astype(c.dtype)) for c, x in zip(cot[prog.result], ct_result)]
         state = {
             "t": jnp.minimum(tape["t"], p.log_size),
             "cursor": tape["cursor"],
             "cot": cot,
-            "acc": {s: _zeros(p.layout.stacks[s], (p.events[s],)) for s in p.float_stacks},
-            "inv": {v: _zeros(types[v], (B,)) for v in inv if is_float(types[v])},
-            "const": {v: _zeros(types[v], ()) for v in consts if is_float(types[v])},
+            "acc": {s: zeros_of(p.layout.stacks[s], (p.events[s],)) for s in p.float_stacks},
+            "inv": {v: zeros_of(types[v], (B,)) for v in inv if is_float(types[v])},
+            "const": {v: zeros_of(types[v], ()) for v in consts if is_float(types[v])},
             # which examples' invariants (and which constants) a recorded block read: see `masked_prelude`
             "used_inv": {v: jnp.zeros((B,), bool) for v in inv},
             "used_const": {v: jnp.zeros((), bool) for v in consts},
@@ -679,7 +678,7 @@ class Differentiable:
     def compiled(self, tape_size: int) -> tuple[Plan, Callable, Callable]:
         if tape_size not in self._compiled:
             prog, lanes, config = self.prog, self.num_lanes, self.config
-            plan = Plan(prog, _machine_for(prog, lanes, config), tape_size)
+            plan = Plan(prog, machine_for(prog, lanes, config), tape_size)
 
             def forward(inputs):
                 result, status, _, tape = run_machine(prog, inputs, lanes, config, recorder=Recorder(plan))
@@ -713,7 +712,7 @@ class Differentiable:
         def start(diff):
             full = {p: with_floats(inputs[p], diff[p]) for p in inputs}
             consts, inv = masked_prelude(prog, full, *used)
-            regs = {p: floats(_cast(full[p], types[p], B)) for p in entry}
+            regs = {p: floats(cast_to(full[p], types[p], B)) for p in entry}
             return ({v: floats(x) for v, x in consts.items() if is_float(types[v])},
                     {v: floats(x) for v, x in inv.items() if is_float(types[v])}, regs)
 

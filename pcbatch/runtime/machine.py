@@ -26,8 +26,8 @@ from jax import lax
 
 from pcbatch.fsm.base import Frontier, Scheduler, bind
 from pcbatch.runtime.dtypes import index_dtype
-from pcbatch.runtime.steps import StepRecorder, StepTrace
 from pcbatch.runtime.inplace import masked_update
+from pcbatch.runtime.lanes import cast_to, select_where, zeros_of
 from pcbatch.ir.core import (
     CONSTANT,
     INVARIANT,
@@ -87,24 +87,6 @@ class MachineConfig:
     lane_width: int | None = None  # fork-join: most lanes one step runs (default: the pool)
 
 
-def _zeros(t: Any, lead: tuple[int, ...]) -> Any:
-    return tree_map(lambda s: jnp.zeros(lead + s.shape, s.dtype), t)
-
-
-def _cast(value: Any, t: Any, lanes: int | None) -> Any:
-    """Cast to the variable's joined type (and broadcast unbatched values)."""
-    def leaf(x, s):
-        x = jnp.asarray(x, s.dtype)
-        return x if lanes is None else jnp.broadcast_to(x, (lanes,) + s.shape)
-    return tree_map(leaf, value, t)
-
-
-def _select(mask: jax.Array, new: Any, old: Any) -> Any:
-    def leaf(n, o):
-        return jnp.where(mask.reshape(mask.shape + (1,) * (o.ndim - 1)), n, o)
-    return tree_map(leaf, new, old)
-
-
 def run_prim(op: Prim, read, types: Any, lanes: int) -> dict[str, Any]:
     """`op` on a batch: vmapped over the lanes if any input is batched
     (`read(v)` gives `(value, batched)`), each output cast to its type."""
@@ -113,7 +95,7 @@ def run_prim(op: Prim, read, types: Any, lanes: int) -> dict[str, Any]:
         outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
     else:
         outs = op.fn(*vals)
-    return {v: _cast(x, types[v], None if any(batched) else lanes) for v, x in zip(op.outs, outs)}
+    return {v: cast_to(x, types[v], None if any(batched) else lanes) for v, x in zip(op.outs, outs)}
 
 
 def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, types: Any,
@@ -191,7 +173,7 @@ def _masked_plan(block: Block, types: Any, large: set[str]) -> tuple[dict[int, A
 def _masked_prim(fn: Any, active: jax.Array, types: Any, op: Prim, get: Any) -> dict[str, Any]:
     vals, batched = zip(*(get(v) for v in op.ins))
     outs = jax.vmap(fn, in_axes=(0,) + tuple(0 if x else None for x in batched))(active, *vals)
-    return {v: _cast(x, types[v], None) for v, x in zip(op.outs, outs)}
+    return {v: cast_to(x, types[v], None) for v, x in zip(op.outs, outs)}
 
 
 def _no_observer(state: Any, block: jax.Array) -> jax.Array:
@@ -328,10 +310,10 @@ class Machine:
     def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any],
              active: jax.Array | None = None) -> dict[str, Any]:
         L, D, types, idx = self.lanes, self.depth, self.prog.var_types, index_dtype()
-        regs = {v: _zeros(types[v], (L,)) for v in self.stored}
+        regs = {v: zeros_of(types[v], (L,)) for v in self.stored}
         for v, x in batched_inputs.items():
             if v in regs:
-                regs[v] = _cast(x, types[v], L)
+                regs[v] = cast_to(x, types[v], L)
         pc = jnp.full((L,), self.prog.entry_block, idx)
         if active is not None:  # padding examples start halted: they never run a block
             pc = jnp.where(active, pc, self.halt)
@@ -369,7 +351,7 @@ class Machine:
             active = lane_state["pc"] == b
             # `stacks` holds each stack's top per lane, not the stack.
             no_write = jnp.full((L,), D, idx)
-            writes = {s: (no_write, _zeros(t, (L,))) for s, t in self.stacks.items()}
+            writes = {s: (no_write, zeros_of(t, (L,))) for s, t in self.stacks.items()}
             if prog.has_calls:
                 writes[PC] = (no_write, jnp.zeros((L,), idx))
 
@@ -394,7 +376,7 @@ class Machine:
                 sps[s] = sps[s] + d * active
             for v, x in env.items():
                 if v in regs:
-                    regs[v] = x if v in clean else _select(active, x, regs[v])
+                    regs[v] = x if v in clean else select_where(active, x, regs[v])
 
             pc, term = lane_state["pc"], block.term
             if isinstance(term, Jump):
@@ -583,54 +565,7 @@ class Machine:
         types = {**self.stacks, PC: jax.ShapeDtypeStruct((), index_dtype())}
 
         def branch(lane_state, tops):
-            return lane_state, {s: (no_write, _zeros(types[s], (self.lanes,))) for s in self.light_writers}
+            return lane_state, {s: (no_write, zeros_of(types[s], (self.lanes,))) for s in self.light_writers}
         return branch
 
 
-def _machine_for(prog: StackProgram, num_lanes: int, config: MachineConfig):
-    if prog.has_forks:
-        from pcbatch.runtime.pool import PoolMachine
-
-        return PoolMachine(prog, num_lanes, config)
-    return Machine(prog, num_lanes, config)
-
-
-def workspace_shapes(prog: StackProgram, num_lanes: int, config: MachineConfig) -> dict[str, Any]:
-    """Shapes of `run_machine`'s workspace (see `Machine.workspace_shapes`)."""
-    return _machine_for(prog, num_lanes, config).workspace_shapes()
-
-
-def new_workspace(prog: StackProgram, num_lanes: int, config: MachineConfig) -> dict[str, Any]:
-    return tree_map(lambda s: jnp.zeros(s.shape, s.dtype), workspace_shapes(prog, num_lanes, config))
-
-
-def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig,
-                workspace: dict[str, Any] | None = None, active: jax.Array | None = None,
-                recorder: Any = None) -> tuple[Any, ...]:
-    """Run `prog` on a batch. `inputs` maps each entry parameter to its value:
-    with a leading lane axis for batched parameters, as-is for constants.
-    `workspace` (see `new_workspace`; zeros if None) holds the stacks; the
-    returned one can be passed (donated) to the next call of the same shape.
-    `active` (`[batch]` bool, default all): examples that are False start
-    halted and run no block (the padding of a sharded batch).
-    A `recorder` (`grad.py`) makes it also return the gradient tape, last."""
-    if workspace is None:
-        workspace = new_workspace(prog, num_lanes, config)
-    consts, inv = eval_prelude(prog, inputs)
-    batched = {v: x for v, x in inputs.items() if prog.var_class.get(v) not in (CONSTANT, INVARIANT)}
-    return _machine_for(prog, num_lanes, config).run(consts, inv, batched, workspace, active, recorder)
-
-
-def trace_steps(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig,
-                size: int, per_lane: bool = False) -> tuple[Any, Status, StepTrace]:
-    """`run_machine`, also recording its first `size` steps (`StepTrace`)."""
-    machine = _machine_for(prog, num_lanes, config)
-
-    @jax.jit
-    def run(inputs):
-        recorder = StepRecorder(prog.num_blocks, machine.width, size, per_lane)
-        result, status, _, tape = run_machine(prog, inputs, num_lanes, config, recorder=recorder)
-        return result, status, tape
-
-    result, status, tape = run(inputs)
-    return result, status, StepTrace.from_tape(tape, machine.lanes, machine.width)

@@ -42,12 +42,11 @@ from pcbatch.ir.core import (
     op_writes,
 )
 from pcbatch.runtime.dtypes import index_dtype
+from pcbatch.runtime.lanes import cast_to, first_true, gather_rows, pad_rows, scatter_rows, zeros_of
 from pcbatch.runtime.machine import (
     MachineConfig,
     StackLayout,
     Status,
-    _cast,
-    _zeros,
     block_dataflow,
     block_in,
     stack_offsets,
@@ -55,29 +54,6 @@ from pcbatch.runtime.machine import (
 )
 
 tree_map = jax.tree_util.tree_map
-
-
-def _gather(x: Any, ids: jax.Array) -> Any:
-    return tree_map(lambda a: a.at[ids].get(mode="fill", fill_value=0), x)
-
-
-def _scatter(x: Any, ids: jax.Array, values: Any) -> Any:
-    return tree_map(lambda a, v: a.at[ids].set(v.astype(a.dtype), mode="drop"), x, values)
-
-
-def _first(mask: jax.Array, n: int) -> jax.Array:
-    """Indices of the first `n` true entries of `mask`, then `len(mask)`: a
-    prefix sum and a binary search per slot (a scatter over the whole mask
-    costs far more on CPU)."""
-    idx = index_dtype()
-    return jnp.searchsorted(jnp.cumsum(mask, dtype=idx), jnp.arange(1, n + 1, dtype=idx), side="left").astype(idx)
-
-
-def _pad(x: jax.Array, n: int, fill: Any = 0) -> jax.Array:
-    """`x` with its leading axis padded to `n` rows of `fill`."""
-    if x.shape[0] == n:
-        return x
-    return jnp.concatenate([x, jnp.full((n - x.shape[0],) + x.shape[1:], fill, x.dtype)])
 
 
 class PoolMachine:
@@ -132,10 +108,10 @@ class PoolMachine:
     def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any],
              active: jax.Array | None = None) -> dict[str, Any]:
         M, B, types, col, idx = self.lanes, self.examples, self.prog.var_types, self.col, index_dtype()
-        regs = {v: _zeros(types[v], (M,)) for v in self.stored}
+        regs = {v: zeros_of(types[v], (M,)) for v in self.stored}
         for v, x in batched_inputs.items():
             if v in regs:
-                regs[v] = tree_map(lambda r, y: r.at[:B].set(y), regs[v], _cast(x, types[v], B))
+                regs[v] = tree_map(lambda r, y: r.at[:B].set(y), regs[v], cast_to(x, types[v], B))
         lane = jnp.zeros((M, self.num_cols), idx)
         lane = lane.at[:, col["pc_sp"]].set(1)  # slot 0 belongs to the bottom frame and is never read
         lane = lane.at[:, col["parent"]].set(-1).at[:, col["example"]].set(jnp.arange(M, dtype=idx) % B)
@@ -165,14 +141,14 @@ class PoolMachine:
 
         def run(state: dict[str, Any]) -> dict[str, Any]:
             pc_all = state["pc"]
-            ids = _first(pc_all == b, W)
+            ids = first_true(pc_all == b, W)
             valid = ids < M
             own = state["lane"].at[ids].get(mode="fill", fill_value=0)
             get = lambda name: own[:, col[name]]  # noqa: E731
             sps = {s: get(f"sp:{s}") for s in self.stacks}
             changes: dict[str, jax.Array] = {"depth": get("depth") + 1}
             no_row = jnp.full((W,), D, idx)
-            stack_writes = {s: (no_row, _zeros(t, (W,))) for s, t in self.stacks.items()}
+            stack_writes = {s: (no_row, zeros_of(t, (W,))) for s, t in self.stacks.items()}
             pc_write = (no_row, jnp.zeros((W,), idx))
             freed = jnp.full((W * K,), M, idx)
             spawned = (jnp.full((W * K,), M, idx), jnp.zeros((W * K, self.num_cols), idx), jnp.zeros((W * K,), idx))
@@ -184,9 +160,9 @@ class PoolMachine:
                     return consts[v], False
                 if v not in loaded:
                     if prog.var_class[v] == INVARIANT:  # stored once per example
-                        loaded[v] = _gather(inv[v], get("example"))
+                        loaded[v] = gather_rows(inv[v], get("example"))
                     else:
-                        loaded[v] = _gather(state["regs"][v], ids)
+                        loaded[v] = gather_rows(state["regs"][v], ids)
                 return loaded[v], True
 
             def top(s: str) -> Any:
@@ -195,7 +171,7 @@ class PoolMachine:
 
             def join(op: Join) -> dict[str, Any]:
                 kids = own[:, self.kids]
-                return {v: _cast(_gather(state["regs"][r], kids[:, k]), types[v], None)
+                return {v: cast_to(gather_rows(state["regs"][r], kids[:, k]), types[v], None)
                         for k, (v, r) in enumerate(zip(op.outs, op.rets))}
 
             env, pushed = block_dataflow(block, self.stack_of, load, top, join, types, W)
@@ -245,7 +221,7 @@ class PoolMachine:
                 free = pc_all == self.free
                 room = jnp.sum(free, dtype=idx) // k
                 can = valid & (jnp.arange(W, dtype=idx) < room)  # valid rows come first, in order
-                kids = jnp.where(can[:, None], _first(free, W * k).reshape(W, k), M)
+                kids = jnp.where(can[:, None], first_true(free, W * k).reshape(W, k), M)
                 kids = jnp.pad(kids, ((0, 0), (0, K - k)), constant_values=M)
                 own = own.at[:, self.kids].set(kids)
                 changes["pending"] = jnp.where(can, k, get("pending"))
@@ -265,20 +241,20 @@ class PoolMachine:
             for name, x in changes.items():
                 own = own.at[:, col[name]].set(x.astype(idx))
             # Every branch returns the same structure: zeros for registers it does not write.
-            regs = {v: env[v] if b in self.writers[v] else _zeros(types[v], (W,))
+            regs = {v: env[v] if b in self.writers[v] else zeros_of(types[v], (W,))
                     for v in self.stored if self.writers[v]}
             out = {"pc": pc, "lane": own, "regs": regs, "stack_values": {s: x for s, (_, x) in stack_writes.items()},
                    "pc_value": pc_write[1]}
-            out = tree_map(lambda x: _pad(x, N), out)
+            out = tree_map(lambda x: pad_rows(x, N), out)
             # Padding rows: no lane (M), no stack row (D); their values are dropped.
-            out["spawn_rows"] = _pad(spawned[1], N * K)
-            out["spawn_starts"] = _pad(spawned[2], N * K)
-            out["ids"] = _pad(ids, N, M)
-            out["decrement"] = _pad(decrement, N, M)
-            out["stack_rows"] = {s: _pad(row, N, D) for s, (row, _) in stack_writes.items()}
-            out["pc_row"] = _pad(pc_write[0], N, D)
-            out["freed"] = _pad(freed, N * K, M)
-            out["spawn_lanes"] = _pad(spawned[0], N * K, M)
+            out["spawn_rows"] = pad_rows(spawned[1], N * K)
+            out["spawn_starts"] = pad_rows(spawned[2], N * K)
+            out["ids"] = pad_rows(ids, N, M)
+            out["decrement"] = pad_rows(decrement, N, M)
+            out["stack_rows"] = {s: pad_rows(row, N, D) for s, (row, _) in stack_writes.items()}
+            out["pc_row"] = pad_rows(pc_write[0], N, D)
+            out["freed"] = pad_rows(freed, N * K, M)
+            out["spawn_lanes"] = pad_rows(spawned[0], N * K, M)
             return out
 
         return run
@@ -329,7 +305,7 @@ class PoolMachine:
                 1, mode="drop")
             regs = dict(state["regs"])
             for v, vals in out["regs"].items():
-                regs[v] = lax.cond(block_in(block, self.writers[v]), lambda r, x: _scatter(r, ids, x),
+                regs[v] = lax.cond(block_in(block, self.writers[v]), lambda r, x: scatter_rows(r, ids, x),
                                    lambda r, x: r, regs[v], vals)
             stacks = dict(state["stacks"])
             for s, value in out["stack_values"].items():
@@ -379,12 +355,12 @@ class PoolMachine:
                     if p not in regs:
                         continue  # never read: no lane slot
                     if a in regs:
-                        value = _gather(regs[a], srcs[:, j])
+                        value = gather_rows(regs[a], srcs[:, j])
                     elif a in inv:
-                        value = _gather(inv[a], examples[:, j])
+                        value = gather_rows(inv[a], examples[:, j])
                     else:
-                        value = _cast(consts[a], types[p], W)
-                    regs[p] = _scatter(regs[p], kids[:, j], _cast(value, types[p], None))
+                        value = cast_to(consts[a], types[p], W)
+                    regs[p] = scatter_rows(regs[p], kids[:, j], cast_to(value, types[p], None))
             return regs
 
         return go

@@ -1,0 +1,62 @@
+"""Running a lowered program: the plain machine, or the fork-join pool when
+the program forks; workspaces (the stacks) and step traces."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pcbatch.ir.core import CONSTANT, INVARIANT, StackProgram
+from pcbatch.runtime.machine import Machine, MachineConfig, Status, eval_prelude
+from pcbatch.runtime.pool import PoolMachine
+from pcbatch.runtime.steps import StepRecorder, StepTrace
+
+tree_map = jax.tree_util.tree_map
+
+
+def machine_for(prog: StackProgram, num_lanes: int, config: MachineConfig):
+    if prog.has_forks:
+        return PoolMachine(prog, num_lanes, config)
+    return Machine(prog, num_lanes, config)
+
+
+def workspace_shapes(prog: StackProgram, num_lanes: int, config: MachineConfig) -> dict[str, Any]:
+    """Shapes of `run_machine`'s workspace (see `Machine.workspace_shapes`)."""
+    return machine_for(prog, num_lanes, config).workspace_shapes()
+
+
+def new_workspace(prog: StackProgram, num_lanes: int, config: MachineConfig) -> dict[str, Any]:
+    return tree_map(lambda s: jnp.zeros(s.shape, s.dtype), workspace_shapes(prog, num_lanes, config))
+
+
+def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig,
+                workspace: dict[str, Any] | None = None, active: jax.Array | None = None,
+                recorder: Any = None) -> tuple[Any, ...]:
+    """Run `prog` on a batch. `inputs` maps each entry parameter to its value:
+    with a leading lane axis for batched parameters, as-is for constants.
+    `workspace` (see `new_workspace`; zeros if None) holds the stacks; the
+    returned one can be passed (donated) to the next call of the same shape.
+    `active` (`[batch]` bool, default all): examples that are False start
+    halted and run no block (the padding of a sharded batch).
+    A `recorder` (`grad.py`) makes it also return the gradient tape, last."""
+    if workspace is None:
+        workspace = new_workspace(prog, num_lanes, config)
+    consts, inv = eval_prelude(prog, inputs)
+    batched = {v: x for v, x in inputs.items() if prog.var_class.get(v) not in (CONSTANT, INVARIANT)}
+    return machine_for(prog, num_lanes, config).run(consts, inv, batched, workspace, active, recorder)
+
+
+def trace_steps(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig,
+                size: int, per_lane: bool = False) -> tuple[Any, Status, StepTrace]:
+    """`run_machine`, also recording its first `size` steps (`StepTrace`)."""
+    machine = machine_for(prog, num_lanes, config)
+
+    @jax.jit
+    def run(inputs):
+        recorder = StepRecorder(prog.num_blocks, machine.width, size, per_lane)
+        result, status, _, tape = run_machine(prog, inputs, num_lanes, config, recorder=recorder)
+        return result, status, tape
+
+    result, status, tape = run(inputs)
+    return result, status, StepTrace.from_tape(tape, machine.lanes, machine.width)
