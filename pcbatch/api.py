@@ -472,7 +472,9 @@ class Autobatched:
         limit = 8 * self.max_stack_depth
         deadline = time.monotonic() + REPLAY_SECONDS
         needed = {}
-        for i in overflow[:REPLAY_EXAMPLES]:
+        # Multi-process (pcbatch/sharding.py): this process may not hold the example, so no replay.
+        whole = all(getattr(x, "is_fully_addressable", True) for x in tree_util.tree_leaves(bound.values))
+        for i in overflow[:REPLAY_EXAMPLES] if whole else []:
             if time.monotonic() >= deadline:
                 break
             example = dict(zip(prog.entry_params, bound.example(i).values()))

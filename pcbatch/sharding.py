@@ -93,6 +93,18 @@ class BatchSharding:
         # Auto axes: shard_map and XLA move the data as the specs say.
         return jax.reshard(x, NamedSharding(self.mesh, spec)) if self.explicit else x
 
+    def _replicate(self, x: Any) -> Any:
+        """`x` on every device (an all-gather, outside the loop). Auto axes
+        too: there XLA would otherwise be free to leave it sharded."""
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return jax.reshard(x, replicated) if self.explicit else jax.lax.with_sharding_constraint(x, replicated)
+
+    @property
+    def multi_process(self) -> bool:
+        """Whether the mesh spans several processes (`jax.distributed`): then no
+        process can read a batch-sharded array whole."""
+        return self.mesh.is_multi_process
+
     @property
     def devices(self) -> int:
         """How many shards the batch is cut into."""
@@ -139,9 +151,14 @@ class BatchSharding:
             if padded > batch:
                 # Cutting the padding leaves a batch the devices do not divide:
                 # the result comes back replicated (XLA does the same for Auto axes).
-                cut = lambda x: self._reshard(x, PartitionSpec())[:batch]  # noqa: E731
+                cut = lambda x: self._replicate(x)[:batch]  # noqa: E731
                 result = tree_map(cut, result)
                 status = status._replace(**{f: cut(getattr(status, f))
+                                            for f in ("overflow", "unfinished", "pc", "blocks_run")})
+            elif self.multi_process:
+                # Every process reads the per-example flags to raise the same
+                # error for the same examples; a small all-gather after the loop.
+                status = status._replace(**{f: self._replicate(getattr(status, f))
                                             for f in ("overflow", "unfinished", "pc", "blocks_run")})
             status = status._replace(steps=jnp.max(status.steps), peak_lanes=jnp.sum(status.peak_lanes))
             return result, status, workspace
