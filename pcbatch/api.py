@@ -417,6 +417,10 @@ class Autobatched:
             result, status, _ = runner(inputs, self._new_workspace(prog, batch))
             return result, status
 
+        sharding = _sharding.current(self._sharding)
+        if sharding is not None and sharding.multi_process:  # no sharded gradient machine yet: a named error
+            return sharding.undifferentiable(primal)(inputs)
+
         def check(status: Status, inputs: dict[str, Any]) -> None:
             if raise_errors:  # `bound` holds tracers here, `inputs` concrete values
                 names = dict(zip(prog.entry_params, bound.values))  # jax sorts dict keys

@@ -165,6 +165,31 @@ class BatchSharding:
 
         return jax.jit(run, donate_argnums=(1,))
 
+    def undifferentiable(self, primal: Callable) -> Callable:
+        """`primal` (the sharded machine, `inputs -> (result, status)`), raising
+        `OptionError` when differentiated. Gradients (`pcbatch/runtime/grad.py`)
+        record and replay one machine over the whole batch; over a multi-process
+        mesh no process holds the whole batch, so that machine cannot run there.
+        Undifferentiated calls (inside `jax.jit` too) run the sharded machine."""
+
+        @jax.custom_vjp
+        def call(inputs):
+            return primal(inputs)
+
+        def fwd(inputs):
+            raise OptionError("mesh", f"gradients through an autobatched call over a mesh that spans "
+                                      f"{len({d.process_index for d in self.mesh.devices.flat})} processes "
+                                      "(jax.distributed) are not supported yet",
+                              "differentiate on a single-process mesh (each process on its own devices, "
+                              "e.g. jax.make_mesh(..., devices=jax.local_devices())) and combine the "
+                              "gradients yourself, or call without differentiating.")
+
+        def bwd(res, ct):  # never reached: fwd raises
+            raise AssertionError("unreachable")
+
+        call.defvjp(fwd, bwd)
+        return call
+
     def new_workspace(self, shapes: Any) -> Any:
         """A zero workspace for every device: `shapes` (one device's, as
         `pcbatch.runtime.machine.workspace_shapes`) with a leading device axis,

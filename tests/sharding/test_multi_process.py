@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 PROCESSES, DEVICES_PER_PROCESS = 2, 2
 
 # What a worker checks, in order: the pytest test asserts every name is reported.
-CHECKS = ["local-shards", "numpy-whole-batch-padded", "checked-status", "jit", "shared-argument", "auto-axis",
+CHECKS = ["local-shards", "numpy-whole-batch-padded", "checked-status", "jit", "shared-argument", "gradient-error", "auto-axis",
           "no-collectives-in-loop", "overflow-error", "fork-join"]
 
 
@@ -46,7 +46,7 @@ def worker(process_id: int, num_processes: int, port: int) -> None:
 
     import pcbatch
     from benchmarks.sharding import collectives, compiled_text
-    from pcbatch.errors import StackOverflowError
+    from pcbatch.errors import OptionError, StackOverflowError
 
     assert jax.process_count() == num_processes and jax.device_count() == num_processes * DEVICES_PER_PROCESS
     mesh = jax.make_mesh((jax.device_count(),), ("batch",))                 # Explicit axis
@@ -121,7 +121,20 @@ def worker(process_id: int, num_processes: int, port: int) -> None:
     base = np.float32(1.5)
     got = power(base, feed(ns))
     same(gather(got), power.reference(base, ns))
+    # Floats under jit take the differentiable path: undifferentiated, the sharded machine.
+    got = jax.jit(power)(base, feed(ns))
+    same(gather(got), power.reference(base, ns))
     ok("shared-argument")
+
+    # Gradients record one machine over the whole batch, which no process holds:
+    # a named error rather than a wrong or hanging result.
+    try:
+        jax.grad(lambda b: power(b, feed(ns)).sum())(base)
+    except OptionError as err:
+        assert err.option == "mesh" and "processes" in str(err), err
+    else:
+        raise AssertionError("no OptionError")
+    ok("gradient-error")
 
     fa = f.with_options(mesh=auto)
     same(gather(fa(feed(ns, auto))), want)
