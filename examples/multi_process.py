@@ -6,6 +6,7 @@ Each worker is what you would run once per host of a cluster:
 
     python examples/multi_process.py PROCESS_ID NUM_PROCESSES COORDINATOR_ADDRESS
 
+(CPU by default; export JAX_PLATFORMS=cuda to use each host's GPUs instead.)
 It joins the others (`jax.distributed.initialize`), builds one global mesh over
 every process's devices (here 2 forced CPU devices per process), feeds only its
 own part of the batch (`jax.make_array_from_process_local_data`) and calls the

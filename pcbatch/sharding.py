@@ -22,6 +22,13 @@ and the result comes back replicated.) Shared (`in_axes=None`) arguments are
 replicated. In `Status`, the per-example fields are global (indices are global
 example indices); `steps` is the most steps any device took and `peak_lanes`
 the sum of each device's peak.
+
+A mesh may span several processes (`jax.distributed`): each process passes its
+part of the batch as a global array (`jax.make_array_from_process_local_data`)
+or the whole batch as a NumPy array; nothing changes inside the loop. Results
+stay global arrays; the per-example status fields are gathered after the loop
+(every process must read them to raise the same error). Gradients are not
+supported there (`undifferentiable`): the tape machine is not sharded.
 """
 from __future__ import annotations
 

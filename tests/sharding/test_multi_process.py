@@ -2,9 +2,10 @@
 processes on localhost (`jax.distributed.initialize`, CPU collectives over
 gloo), two forced host devices each, one global mesh over all four devices.
 
-The pytest test launches this file twice as a worker (`python
-test_multi_process.py PROCESS_ID NUM_PROCESSES PORT`); both workers run the
-same program. Each feeds its local shard of the batch
+Each pytest test launches this file twice as a worker (`python
+test_multi_process.py PROCESS_ID NUM_PROCESSES PORT GROUP`); both workers run the
+same program. The "nuts" group runs `pcbatch.mcmc.nuts.sample` under
+`pcbatch.sharded(global_mesh)` and compares it with the same chains unsharded. Each feeds its local shard of the batch
 (`jax.make_array_from_process_local_data`) or, for a batch the devices do not
 divide, the whole batch as a NumPy array; every result is gathered and compared
 with the per-example Python (`f.reference`) on the whole batch, in every
@@ -23,14 +24,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PROCESSES, DEVICES_PER_PROCESS = 2, 2
 
-# What a worker checks, in order: the pytest test asserts every name is reported.
-CHECKS = ["local-shards", "numpy-whole-batch-padded", "checked-status", "jit", "shared-argument", "gradient-error", "auto-axis",
-          "no-collectives-in-loop", "overflow-error", "fork-join"]
+# What a worker checks, in order, per group: the pytest tests assert every name is reported.
+CHECKS = {
+    "programs": ["local-shards", "numpy-whole-batch-padded", "checked-status", "jit", "shared-argument",
+                 "gradient-error", "auto-axis", "no-collectives-in-loop", "overflow-error", "fork-join"],
+    "nuts": ["nuts-sharded-context"],
+}
 
 
 # --- the worker (a fresh process: JAX is configured before first use) -------
 
-def worker(process_id: int, num_processes: int, port: int) -> None:
+def worker(process_id: int, num_processes: int, port: int, group: str) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
     import jax
@@ -78,6 +82,28 @@ def worker(process_id: int, num_processes: int, port: int) -> None:
         if n <= 1:
             return n
         return fib(n - 1) + fib(n - 2)
+
+    if group == "nuts":
+        # Library code over autobatch, sharded by the context: 8 chains, 2 per
+        # device, against the same chains run unsharded in this process.
+        from pcbatch.mcmc import nuts
+
+        def logp(x):
+            return -0.5 * jnp.sum(x * x / jnp.array([1.0, 4.0]))
+
+        keys = np.asarray(jax.random.split(jax.random.PRNGKey(1), 8))
+        x0 = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (8, 2)))
+        options = dict(step_size=0.5, num_samples=3, max_tree_depth=4)
+        want = nuts.sample(logp, x0, keys, **options)
+        with pcbatch.sharded(mesh):
+            got = nuts.sample(logp, feed(x0), feed(keys), **options)
+        leaves = jax.tree_util.tree_leaves
+        assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+        for g, w in zip(leaves(got), leaves(want)):
+            g = np.asarray(g) if g.is_fully_addressable or g.is_fully_replicated else gather(g)
+            np.testing.assert_allclose(g, np.asarray(w), rtol=1e-5, atol=1e-5)
+        ok("nuts-sharded-context")
+        return
 
     ns = np.array([3, 9, 1, 6, 0, 11, 4, 7], np.int32)                      # 2 per device
 
@@ -168,14 +194,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(timeout: float = 600) -> list[str]:
-    """Run the worker in `PROCESSES` processes; their outputs."""
+def launch(group: str, timeout: float = 600) -> list[str]:
+    """Run the worker group in `PROCESSES` processes; their outputs."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
            "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)  # the worker sets its own device count
     port = free_port()
     logs = [tempfile.TemporaryFile("w+") for _ in range(PROCESSES)]
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), str(i), str(PROCESSES), str(port)],
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), str(i), str(PROCESSES), str(port), group],
                               cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
              for i, log in enumerate(logs)]
     deadline = time.monotonic() + timeout
@@ -200,11 +226,19 @@ def launch(timeout: float = 600) -> list[str]:
     return outputs
 
 
-def test_two_processes_four_devices_equal_reference():
-    for i, out in enumerate(launch()):
+def check(group: str) -> None:
+    for i, out in enumerate(launch(group)):
         reported = [ln.split()[1] for ln in out.splitlines() if ln.startswith("CHECK-OK ")]
-        assert reported == CHECKS, f"process {i} reported {reported}:\n{out[-4000:]}"
+        assert reported == CHECKS[group], f"process {i} reported {reported}:\n{out[-4000:]}"
+
+
+def test_two_processes_four_devices_equal_reference():
+    check("programs")
+
+
+def test_two_processes_nuts_equal_single_process():
+    check("nuts")
 
 
 if __name__ == "__main__":
-    worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
