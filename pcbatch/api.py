@@ -309,6 +309,7 @@ class Autobatched:
         batch = bound.batch
         shared = tuple(not bound.batched[p] for p in params)
         sharding = _sharding.current(self._sharding)
+        _sharding.check_global_inputs(sharding, tree_util.tree_leaves(values))
         # index_dtype(): a machine built under jax_enable_x64 keeps int64 state (and workspace).
         key = (shared, batch, sharding, index_dtype(), tuple(tree_util.tree_structure(v) for v in values),
                tuple((np.shape(x), jnp.result_type(x)) for x in tree_util.tree_leaves(values)))

@@ -45,7 +45,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from pcbatch.errors import OptionError
 from pcbatch.runtime import Status
 
-__all__ = ["BatchSharding", "current", "sharded"]
+__all__ = ["BatchSharding", "check_global_inputs", "current", "sharded"]
 
 tree_map = jax.tree_util.tree_map
 
@@ -205,6 +205,21 @@ class BatchSharding:
         make = jax.jit(lambda: tree_map(lambda s: jnp.zeros((self.devices,) + s.shape, s.dtype), shapes),
                        out_shardings=tree_map(lambda _: sharding, shapes))
         return make()
+
+
+def check_global_inputs(sharding: BatchSharding | None, leaves: list[Any]) -> None:
+    """Arguments that span several processes (global `jax.Array`s under
+    `jax.distributed`) need a `mesh=` over those processes: without one, the
+    single machine would be partitioned by XLA (collectives every step) and no
+    process could read the status it must check."""
+    spanning = [x for x in leaves if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+                and not x.is_fully_addressable]
+    if spanning and (sharding is None or not sharding.multi_process):
+        raise OptionError("mesh", "an argument is a jax.Array that spans several processes (jax.distributed), "
+                                  "but the call " + ("has no mesh" if sharding is None else
+                                                     "has a mesh of this process's devices only"),
+                          "pass the global mesh the array is sharded over: pcbatch.autobatch(..., mesh=mesh), "
+                          "f.with_options(mesh=mesh) or `with pcbatch.sharded(mesh):`.")
 
 
 _current: contextvars.ContextVar[BatchSharding | None] = contextvars.ContextVar("pcbatch_sharding", default=None)

@@ -27,7 +27,7 @@ PROCESSES, DEVICES_PER_PROCESS = 2, 2
 # What a worker checks, in order, per group: the pytest tests assert every name is reported.
 CHECKS = {
     "programs": ["local-shards", "numpy-whole-batch-padded", "checked-status", "jit", "shared-argument",
-                 "gradient-error", "auto-axis", "no-collectives-in-loop", "overflow-error", "fork-join"],
+                 "gradient-error", "auto-axis", "no-collectives-in-loop", "overflow-error", "no-mesh-error", "fork-join"],
     "nuts": ["nuts-sharded-context"],
 }
 
@@ -38,8 +38,8 @@ def worker(process_id: int, num_processes: int, port: int, group: str) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
     import jax
-    # CPU has no cross-process collectives unless asked for; the machine's loop
-    # needs none, but gathering results and padding do.
+    # Cross-process collectives on CPU (gloo is JAX 0.10's default; said for older
+    # versions): the machine's loop needs none, gathering results and padding do.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=num_processes,
                                process_id=process_id, initialization_timeout=120)
@@ -180,6 +180,19 @@ def worker(process_id: int, num_processes: int, port: int, group: str) -> None:
     else:
         raise AssertionError("no StackOverflowError")
     ok("overflow-error")
+
+    # A global array without a mesh over its processes: a named error, not a
+    # machine partitioned by XLA whose status no process can read.
+    for wrong in (fib_plain := pcbatch.autobatch(fib, fork=False),
+                  f.with_options(mesh=jax.make_mesh((DEVICES_PER_PROCESS,), ("batch",), devices=jax.local_devices()))):
+        try:
+            wrong(feed(ns))
+        except OptionError as err:
+            assert err.option == "mesh" and "spans several processes" in str(err), err
+        else:
+            raise AssertionError(f"no OptionError from {wrong}")
+    same(fib_plain(ns), want)                                               # NumPy: one machine, as ever
+    ok("no-mesh-error")
 
     forked = pcbatch.autobatch(fib, mesh=mesh)                               # fork=True: a lane pool per device
     same(gather(forked(feed(ns))), want)
