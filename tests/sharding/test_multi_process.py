@@ -1,9 +1,10 @@
 """`autobatch(mesh=...)` under JAX's multi-process runtime, for real: two
 processes on localhost (`jax.distributed.initialize`, CPU collectives over
-gloo), two forced host devices each, one global mesh over all four devices.
+gloo), two forced host devices each, one global mesh over all four devices
+(and, marked slow, four processes of one device each).
 
 Each pytest test launches this file twice as a worker (`python
-test_multi_process.py PROCESS_ID NUM_PROCESSES PORT GROUP`); both workers run the
+test_multi_process.py PROCESS_ID NUM_PROCESSES PORT GROUP DEVICES`); both workers run the
 same program. The "nuts" group runs `pcbatch.mcmc.nuts.sample` under
 `pcbatch.sharded(global_mesh)` and compares it with the same chains unsharded. Each feeds its local shard of the batch
 (`jax.make_array_from_process_local_data`) or, for a batch the devices do not
@@ -20,6 +21,8 @@ import sys
 import tempfile
 import time
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PROCESSES, DEVICES_PER_PROCESS = 2, 2
@@ -34,9 +37,9 @@ CHECKS = {
 
 # --- the worker (a fresh process: JAX is configured before first use) -------
 
-def worker(process_id: int, num_processes: int, port: int, group: str) -> None:
+def worker(process_id: int, num_processes: int, port: int, group: str, devices: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     import jax
     # Cross-process collectives on CPU (gloo is JAX 0.10's default; said for older
     # versions): the machine's loop needs none, gathering results and padding do.
@@ -52,7 +55,7 @@ def worker(process_id: int, num_processes: int, port: int, group: str) -> None:
     from benchmarks.sharding import collectives, compiled_text
     from pcbatch.errors import OptionError, StackOverflowError
 
-    assert jax.process_count() == num_processes and jax.device_count() == num_processes * DEVICES_PER_PROCESS
+    assert jax.process_count() == num_processes and jax.device_count() == num_processes * devices
     mesh = jax.make_mesh((jax.device_count(),), ("batch",))                 # Explicit axis
     auto = jax.make_mesh((jax.device_count(),), ("batch",), axis_types=(AxisType.Auto,))
 
@@ -184,7 +187,7 @@ def worker(process_id: int, num_processes: int, port: int, group: str) -> None:
     # A global array without a mesh over its processes: a named error, not a
     # machine partitioned by XLA whose status no process can read.
     for wrong in (fib_plain := pcbatch.autobatch(fib, fork=False),
-                  f.with_options(mesh=jax.make_mesh((DEVICES_PER_PROCESS,), ("batch",), devices=jax.local_devices()))):
+                  f.with_options(mesh=jax.make_mesh((devices,), ("batch",), devices=jax.local_devices()))):
         try:
             wrong(feed(ns))
         except OptionError as err:
@@ -207,14 +210,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(group: str, timeout: float = 600) -> list[str]:
-    """Run the worker group in `PROCESSES` processes; their outputs."""
+def launch(group: str, processes: int = PROCESSES, devices: int = DEVICES_PER_PROCESS,
+           timeout: float = 600) -> list[str]:
+    """Run the worker group in `processes` processes of `devices` CPU devices each; their outputs."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
            "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)  # the worker sets its own device count
     port = free_port()
-    logs = [tempfile.TemporaryFile("w+") for _ in range(PROCESSES)]
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), str(i), str(PROCESSES), str(port), group],
+    logs = [tempfile.TemporaryFile("w+") for _ in range(processes)]
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), str(i), str(processes), str(port), group, str(devices)],
                               cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
              for i, log in enumerate(logs)]
     deadline = time.monotonic() + timeout
@@ -239,8 +243,8 @@ def launch(group: str, timeout: float = 600) -> list[str]:
     return outputs
 
 
-def check(group: str) -> None:
-    for i, out in enumerate(launch(group)):
+def check(group: str, **launch_options) -> None:
+    for i, out in enumerate(launch(group, **launch_options)):
         reported = [ln.split()[1] for ln in out.splitlines() if ln.startswith("CHECK-OK ")]
         assert reported == CHECKS[group], f"process {i} reported {reported}:\n{out[-4000:]}"
 
@@ -253,5 +257,10 @@ def test_two_processes_nuts_equal_single_process():
     check("nuts")
 
 
+@pytest.mark.slow  # four JAX processes on a small machine: about a minute
+def test_four_processes_one_device_each():
+    check("programs", processes=4, devices=1)
+
+
 if __name__ == "__main__":
-    worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
