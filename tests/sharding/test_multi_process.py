@@ -150,8 +150,11 @@ def worker(process_id: int, num_processes: int, port: int, group: str, devices: 
     base = np.float32(1.5)
     got = power(base, feed(ns))
     same(gather(got), power.reference(base, ns))
+    # A shared argument may also be a global array, replicated over every process.
+    everywhere = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec()), base)
+    same(gather(power(everywhere, feed(ns))), power.reference(base, ns))
     # Floats under jit take the differentiable path: undifferentiated, the sharded machine.
-    got = jax.jit(power)(base, feed(ns))
+    got = jax.jit(power)(everywhere, feed(ns))
     same(gather(got), power.reference(base, ns))
     ok("shared-argument")
 
