@@ -310,6 +310,7 @@ class Autobatched:
         batch = bound.batch
         shared = tuple(not bound.batched[p] for p in params)
         sharding = _sharding.current(self._sharding)
+        _sharding.check_global_inputs(sharding, tree_util.tree_leaves(values))
         # index_dtype(): a machine built under jax_enable_x64 keeps int64 state (and workspace).
         key = (shared, batch, sharding, index_dtype(), tuple(tree_util.tree_structure(v) for v in values),
                tuple((np.shape(x), jnp.result_type(x)) for x in tree_util.tree_leaves(values)))
@@ -418,6 +419,10 @@ class Autobatched:
             result, status, _ = runner(inputs, self._new_workspace(prog, batch))
             return result, status
 
+        sharding = _sharding.current(self._sharding)
+        if sharding is not None and sharding.multi_process:  # no sharded gradient machine yet: a named error
+            return sharding.undifferentiable(primal)(inputs)
+
         def check(status: Status, inputs: dict[str, Any]) -> None:
             if raise_errors:  # `bound` holds tracers here, `inputs` concrete values
                 names = dict(zip(prog.entry_params, bound.values))  # jax sorts dict keys
@@ -473,7 +478,9 @@ class Autobatched:
         limit = 8 * self.max_stack_depth
         deadline = time.monotonic() + REPLAY_SECONDS
         needed = {}
-        for i in overflow[:REPLAY_EXAMPLES]:
+        # Multi-process (pcbatch/sharding.py): this process may not hold the example, so no replay.
+        whole = all(getattr(x, "is_fully_addressable", True) for x in tree_util.tree_leaves(bound.values))
+        for i in overflow[:REPLAY_EXAMPLES] if whole else []:
             if time.monotonic() >= deadline:
                 break
             example = dict(zip(prog.entry_params, bound.example(i).values()))

@@ -22,6 +22,13 @@ and the result comes back replicated.) Shared (`in_axes=None`) arguments are
 replicated. In `Status`, the per-example fields are global (indices are global
 example indices); `steps` is the most steps any device took and `peak_lanes`
 the sum of each device's peak.
+
+A mesh may span several processes (`jax.distributed`): each process passes its
+part of the batch as a global array (`jax.make_array_from_process_local_data`)
+or the whole batch as a NumPy array; nothing changes inside the loop. Results
+stay global arrays; the per-example status fields are gathered after the loop
+(every process must read them to raise the same error). Gradients are not
+supported there (`undifferentiable`): the tape machine is not sharded.
 """
 from __future__ import annotations
 
@@ -38,7 +45,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from pcbatch.errors import OptionError
 from pcbatch.runtime import Status
 
-__all__ = ["BatchSharding", "current", "sharded"]
+__all__ = ["BatchSharding", "check_global_inputs", "current", "sharded"]
 
 tree_map = jax.tree_util.tree_map
 
@@ -93,6 +100,18 @@ class BatchSharding:
         # Auto axes: shard_map and XLA move the data as the specs say.
         return jax.reshard(x, NamedSharding(self.mesh, spec)) if self.explicit else x
 
+    def _replicate(self, x: Any) -> Any:
+        """`x` on every device (an all-gather, outside the loop). Auto axes
+        too: there XLA would otherwise be free to leave it sharded."""
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return jax.reshard(x, replicated) if self.explicit else jax.lax.with_sharding_constraint(x, replicated)
+
+    @property
+    def multi_process(self) -> bool:
+        """Whether the mesh spans several processes (`jax.distributed`): then no
+        process can read a batch-sharded array whole."""
+        return self.mesh.is_multi_process
+
     @property
     def devices(self) -> int:
         """How many shards the batch is cut into."""
@@ -139,14 +158,44 @@ class BatchSharding:
             if padded > batch:
                 # Cutting the padding leaves a batch the devices do not divide:
                 # the result comes back replicated (XLA does the same for Auto axes).
-                cut = lambda x: self._reshard(x, PartitionSpec())[:batch]  # noqa: E731
+                cut = lambda x: self._replicate(x)[:batch]  # noqa: E731
                 result = tree_map(cut, result)
                 status = status._replace(**{f: cut(getattr(status, f))
+                                            for f in ("overflow", "unfinished", "pc", "blocks_run")})
+            elif self.multi_process:
+                # Every process reads the per-example flags to raise the same
+                # error for the same examples; a small all-gather after the loop.
+                status = status._replace(**{f: self._replicate(getattr(status, f))
                                             for f in ("overflow", "unfinished", "pc", "blocks_run")})
             status = status._replace(steps=jnp.max(status.steps), peak_lanes=jnp.sum(status.peak_lanes))
             return result, status, workspace
 
         return jax.jit(run, donate_argnums=(1,))
+
+    def undifferentiable(self, primal: Callable) -> Callable:
+        """`primal` (the sharded machine, `inputs -> (result, status)`), raising
+        `OptionError` when differentiated. Gradients (`pcbatch/runtime/grad.py`)
+        record and replay one machine over the whole batch; over a multi-process
+        mesh no process holds the whole batch, so that machine cannot run there.
+        Undifferentiated calls (inside `jax.jit` too) run the sharded machine."""
+
+        @jax.custom_vjp
+        def call(inputs):
+            return primal(inputs)
+
+        def fwd(inputs):
+            raise OptionError("mesh", f"gradients through an autobatched call over a mesh that spans "
+                                      f"{len({d.process_index for d in self.mesh.devices.flat})} processes "
+                                      "(jax.distributed) are not supported yet",
+                              "differentiate on a single-process mesh (each process on its own devices, "
+                              "e.g. jax.make_mesh(..., devices=jax.local_devices())) and combine the "
+                              "gradients yourself, or call without differentiating.")
+
+        def bwd(res, ct):  # never reached: fwd raises
+            raise AssertionError("unreachable")
+
+        call.defvjp(fwd, bwd)
+        return call
 
     def new_workspace(self, shapes: Any) -> Any:
         """A zero workspace for every device: `shapes` (one device's, as
@@ -156,6 +205,21 @@ class BatchSharding:
         make = jax.jit(lambda: tree_map(lambda s: jnp.zeros((self.devices,) + s.shape, s.dtype), shapes),
                        out_shardings=tree_map(lambda _: sharding, shapes))
         return make()
+
+
+def check_global_inputs(sharding: BatchSharding | None, leaves: list[Any]) -> None:
+    """Arguments that span several processes (global `jax.Array`s under
+    `jax.distributed`) need a `mesh=` over those processes: without one, the
+    single machine would be partitioned by XLA (collectives every step) and no
+    process could read the status it must check."""
+    spanning = [x for x in leaves if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+                and not x.is_fully_addressable]
+    if spanning and (sharding is None or not sharding.multi_process):
+        raise OptionError("mesh", "an argument is a jax.Array that spans several processes (jax.distributed), "
+                                  "but the call " + ("has no mesh" if sharding is None else
+                                                     "has a mesh of this process's devices only"),
+                          "pass the global mesh the array is sharded over: pcbatch.autobatch(..., mesh=mesh), "
+                          "f.with_options(mesh=mesh) or `with pcbatch.sharded(mesh):`.")
 
 
 _current: contextvars.ContextVar[BatchSharding | None] = contextvars.ContextVar("pcbatch_sharding", default=None)
