@@ -9,11 +9,10 @@ under a scalar `in_axes` is shared by the whole batch rather than an error.
 from __future__ import annotations
 
 import functools
-import inspect
 import numbers
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
