@@ -6,10 +6,11 @@ The programs come from `generator.py` unchanged; its inputs (int32, float32)
 are converted here to int64 / float64, and each program runs inside
 `jax.enable_x64(True)`, so both the machine and the Python oracle
 (`.reference`) compute in 64 bits. Besides the values (as `test_fuzz.py`
-compares them), every result leaf must have the oracle's dtype: a 32-bit
-leaf would mean the machine narrowed a value.
+compares them), no result leaf may be narrower than the oracle's: a 32-bit
+leaf would mean the machine narrowed a value (a wider one is the join of the
+program's paths, as the README documents).
 
-`test_fuzz_x64_programs` runs `PCBATCH_FUZZ_X64_EXAMPLES` programs (default 12)
+`test_fuzz_x64_programs` runs `PCBATCH_FUZZ_X64_EXAMPLES` programs (default 6)
 in `make test`; `test_fuzz_x64_long` (marked slow) runs the same variable's
 count (default 1,000) under `make fuzz`. Fork-join programs compile slowly,
 hence the modest counts.
@@ -63,8 +64,11 @@ def check_case_x64(case: FuzzCase) -> None:
         problem = _mismatch(out, ref)
         if problem is None:
             for k, (o, r) in enumerate(zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref))):
-                if np.asarray(o).dtype != np.asarray(r).dtype:
-                    problem = f"leaf {k}: dtype {np.asarray(o).dtype} != reference dtype {np.asarray(r).dtype}"
+                # pcbatch types a value by the join of every path's type, Python by the path
+                # taken: wider is documented, narrower would lose bits.
+                od, rd = np.asarray(o).dtype, np.asarray(r).dtype
+                if np.promote_types(od, rd) != od:
+                    problem = f"leaf {k}: dtype {od} is narrower than the reference's {rd}"
                     break
         if problem:
             raise AssertionError(f"pcbatch disagrees with the reference under x64: {problem}\n" + case.describe())
@@ -99,7 +103,7 @@ def test_to_x64_widens_inputs():
 
 
 def test_fuzz_x64_programs():
-    n = _examples(12)
+    n = _examples(6)
     ran = _run(n, SMALL)
     print(f"fuzz x64: {ran} programs", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
