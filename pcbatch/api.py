@@ -144,7 +144,7 @@ class Autobatched:
             return self
         cached = self._bound_methods.get(id(instance))
         if cached is None or cached[0] is not instance:
-            bound = self._with(self._original, types.MethodType(self._original, instance))
+            bound = Autobatched(types.MethodType(self._original, instance), **self._options())
             cached = self._bound_methods[id(instance)] = (instance, bound)
         return cached[1]
 
@@ -252,7 +252,7 @@ class Autobatched:
         `pcbatch.ir.Trace` each (blocks of `lowered(*args)` and what each waited
         for; the executions a scheduler learns from, `pcbatch.fsm.record`)."""
         bound = self._bind(args, kwargs)
-        prog = self.lowered(*args, **kwargs)
+        prog = self._prepare(bound)[0]
         return [run_stack_program(prog, example, max_steps=max_steps) for example in self._examples(prog, bound)]
 
     def layout_report(self, *args: Any, **kwargs: Any) -> LayoutReport:
@@ -291,10 +291,6 @@ class Autobatched:
                     schedule=self.schedule, fork=self.fork, max_lanes=self.max_lanes, lane_width=self.lane_width,
                     layout=self.layout, mesh=self.mesh, axis_name=self.axis_name, tape_size=self.tape_size)
 
-    def _with(self, original: Any, fn: Any) -> "Autobatched":
-        """The same options over another target (a method bound to an instance)."""
-        return Autobatched(fn, **self._options())
-
     # --- internals -------------------------------------------------------
 
     def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Bound:
@@ -302,7 +298,12 @@ class Autobatched:
 
     def _examples(self, prog: StackProgram, bound: Bound) -> list[dict[str, Any]]:
         """The entry parameters' values for each example on its own."""
-        return [dict(zip(prog.entry_params, bound.example(i).values())) for i in range(bound.batch)]
+        return [self._example(prog, bound, i) for i in range(bound.batch)]
+
+    @staticmethod
+    def _example(prog: StackProgram, bound: Bound, i: int) -> dict[str, Any]:
+        """Example `i`'s inputs keyed by the program's entry parameters."""
+        return dict(zip(prog.entry_params, bound.example(i).values()))
 
     def _prepare(self, bound: Bound) -> tuple[StackProgram, Callable, dict[str, Any], int]:
         params = list(bound.values)
@@ -483,8 +484,7 @@ class Autobatched:
         for i in overflow[:REPLAY_EXAMPLES] if whole else []:
             if time.monotonic() >= deadline:
                 break
-            example = dict(zip(prog.entry_params, bound.example(i).values()))
-            t = run_stack_program(prog, example, max_steps=REPLAY_STEPS, max_depth=limit, forks=False,
+            t = run_stack_program(prog, self._example(prog, bound, i), max_steps=REPLAY_STEPS, max_depth=limit, forks=False,
                                   deadline=deadline)
             needed[i] = (f"max_stack_depth={t.max_depth}" if t.finished else
                          f"more than {limit} (runaway recursion?)" if t.max_depth > limit else
