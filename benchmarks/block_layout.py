@@ -61,7 +61,7 @@ from benchmarks.layout_cells import (CELLS, SCALAR_GATES, Cell, cell_block, cell
 from pcbatch import _context, data
 from pcbatch.ir.core import CONSTANT, TEMPORARY, Prim, StackProgram
 from pcbatch.memory import layout_program
-from pcbatch.runtime.machine import eval_prelude, run_prim
+from pcbatch.runtime.block import eval_prelude, run_prim
 
 MEMORY_OPS = ("concatenate", "slice", "dynamic-slice", "dynamic-update-slice", "gather", "scatter", "copy",
               "transpose")

@@ -103,15 +103,9 @@ from jax import lax
 
 from pcbatch.ir.core import CONSTANT, INVARIANT, Fork, Join, StackProgram, op_reads, op_writes
 from pcbatch.runtime.dtypes import index_dtype
-from pcbatch.runtime.machine import (
-    Machine,
-    MachineConfig,
-    block_dataflow,
-    eval_prelude,
-    run_prim,
-    stack_offsets,
-)
-from pcbatch.runtime.lanes import cast_to, first_true, gather_rows
+from pcbatch.runtime.block import block_dataflow, eval_prelude, run_prim, stack_offsets
+from pcbatch.runtime.machine import Machine, MachineConfig
+from pcbatch.runtime.lanes import cast_to, gather_rows
 from pcbatch.runtime.pool import PoolMachine
 from pcbatch.runtime.run import machine_for, run_machine
 
@@ -235,6 +229,7 @@ class Plan:
         self.lanes = machine.lanes
         self.depth = machine.depth
         self.rec_width = machine.width if self.pool else machine.lanes  # rows one recorded step writes
+        self.lanes_at = machine.lanes_at
         if self.pool:
             self.widths = list(machine.widths)
             self.fan, self.col, self.kids = machine.fan, machine.col, machine.kids
@@ -328,9 +323,7 @@ class Recorder:
 
     def before(self, tape: dict[str, Any], pre: dict[str, Any], block: jax.Array) -> tuple[dict, dict]:
         p = self.plan
-        W = p.rec_width
-        # The lanes the step runs: the first W waiting at the block (as both machines pick them).
-        ids = first_true(pre["pc"] == block, W)
+        ids = p.lanes_at(pre, block)  # the lanes the step runs, as the machine picks them
         n = jnp.sum(ids < p.lanes, dtype=ids.dtype)
         recorded = (jnp.asarray(p.dense)[block] >= 0) & (n > 0)  # the backward pads with row 0: a real one
         tape = dict(tape)
@@ -423,7 +416,7 @@ class Backward:
         to the widest bucket; out-of-range ids mark padding)."""
         p, prog = self.plan, self.plan.prog
         types, block = prog.var_types, prog.blocks[g.index]
-        M, B, N, K = p.lanes, p.examples, p.widths[-1], p.fan
+        M, B, N = p.lanes, p.examples, p.widths[-1]
         float_writes = [s for s in g.writes if s in p.float_stacks]
 
         def code(regs_in, tops, joined, inv_rows, cs):

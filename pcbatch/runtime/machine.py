@@ -25,18 +25,16 @@ import jax.numpy as jnp
 from jax import lax
 
 from pcbatch.fsm.base import Frontier, Scheduler, bind
+from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.inplace import masked_update
-from pcbatch.runtime.lanes import cast_to, select_where, zeros_of
+from pcbatch.runtime.lanes import cast_to, first_true, select_where, zeros_of
 from pcbatch.ir.core import (
     CONSTANT,
     INVARIANT,
     REGISTER,
     STACKED,
     Block,
-    Branch,
-    Join,
-    Jump,
     Peek,
     Pop,
     Prim,
@@ -85,66 +83,6 @@ class MachineConfig:
     scheduler: Scheduler
     max_lanes: int | None = None  # fork-join: the lane pool (default: the batch)
     lane_width: int | None = None  # fork-join: most lanes one step runs (default: the pool)
-
-
-def run_prim(op: Prim, read, types: Any, lanes: int) -> dict[str, Any]:
-    """`op` on a batch: vmapped over the lanes if any input is batched
-    (`read(v)` gives `(value, batched)`), each output cast to its type."""
-    vals, batched = zip(*(read(v) for v in op.ins)) if op.ins else ((), ())
-    if any(batched):
-        outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
-    else:
-        outs = op.fn(*vals)
-    return {v: cast_to(x, types[v], None if any(batched) else lanes) for v, x in zip(op.outs, outs)}
-
-
-def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, types: Any,
-                   lanes: int | None, prims: dict[int, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The values a block's ops compute, on a batch of lanes: `env` (every
-    variable an op assigns) and, per stack, the value its Push/Update writes.
-    `read(v)` gives `(value, batched)` of a variable not assigned earlier in
-    the block, `top(s)` the top of stack `s` (a block reads a stack at most
-    once, before it writes it), `join(op)` a Join's values by out.
-    `prims[k](op, get)`, where given, computes the k-th op instead of
-    `run_prim` (the same values in the lanes that run the block). Both
-    machines run blocks with it, and gradients (`grad.py`) differentiate it."""
-    env: dict[str, Any] = {}
-    pushed: dict[str, Any] = {}
-
-    def get(v: str) -> tuple[Any, bool]:
-        return (env[v], True) if v in env else read(v)
-
-    prims = prims or {}
-    for k, op in enumerate(block.ops):
-        if k in prims:
-            env.update(prims[k](op, get))
-        elif isinstance(op, Prim):
-            env.update(run_prim(op, get, types, lanes))
-        elif isinstance(op, (Push, Update)):
-            pushed[stack_of[op.var]] = get(op.var)[0]
-        elif isinstance(op, (Pop, Peek)):
-            env[op.var] = top(stack_of[op.var])
-        elif isinstance(op, Join):
-            env.update(join(op))
-    return env, pushed
-
-
-def stack_offsets(block: Block, stack_of: dict[str, str]) -> dict[str, tuple[int | None, int | None, int]]:
-    """Per stack a block touches, relative to the lane's stack pointer before
-    the block: the row it reads (Pop/Peek), the row it writes (Push/Update),
-    None for neither, and the pointer's net change."""
-    out: dict[str, tuple[int | None, int | None, int]] = {}
-    for op in block.ops:
-        if isinstance(op, (Push, Pop, Peek, Update)):
-            s = stack_of[op.var]
-            r, w, d = out.get(s, (None, None, 0))
-            if isinstance(op, (Pop, Peek)):
-                r = d - 1
-            else:
-                w = d if isinstance(op, Push) else d - 1
-            d += 1 if isinstance(op, Push) else -1 if isinstance(op, Pop) else 0
-            out[s] = (r, w, d)
-    return out
 
 
 def _masked_plan(block: Block, types: Any, large: set[str]) -> tuple[dict[int, Any], set[str]]:
@@ -246,21 +184,6 @@ def block_in(block: jax.Array, blocks: list[int]) -> jax.Array:
     return jnp.any(block == jnp.array(blocks, block.dtype)) if blocks else jnp.zeros((), bool)
 
 
-def eval_prelude(prog: StackProgram, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Machine constants, computed once and unbatched, and per-example
-    invariants, computed once per example (leading example axis)."""
-    consts = {v: x for v, x in inputs.items() if prog.var_class.get(v) == CONSTANT}
-    inv = {v: x for v, x in inputs.items() if prog.var_class.get(v) == INVARIANT}
-
-    def read(v: str) -> tuple[Any, bool]:
-        return (inv[v], True) if v in inv else (consts[v], False)
-
-    for op in prog.prelude:
-        for v, x in run_prim(op, read, prog.var_types, None).items():
-            (inv if prog.var_class.get(v) == INVARIANT else consts)[v] = x
-    return consts, inv
-
-
 class Machine:
     """Builds the loop for one `StackProgram` specialised to input types."""
 
@@ -272,6 +195,7 @@ class Machine:
         self.scheduler = bind(config.scheduler, prog)
         self.halt = prog.num_blocks
         self.overflowed = prog.num_blocks + 1  # a halted lane whose recursion overflowed
+        self.codes = Codes(self.halt, self.overflowed, prog.num_blocks + 2)
         self.lane_ids = jnp.arange(num_lanes, dtype=index_dtype())
         # A lane slot for every value that crosses a block boundary; a stacked
         # variable that is only ever restored and used within one block needs none.
@@ -309,7 +233,7 @@ class Machine:
 
     def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any],
              active: jax.Array | None = None) -> dict[str, Any]:
-        L, D, types, idx = self.lanes, self.depth, self.prog.var_types, index_dtype()
+        L, types, idx = self.lanes, self.prog.var_types, index_dtype()
         regs = {v: zeros_of(types[v], (L,)) for v in self.stored}
         for v, x in batched_inputs.items():
             if v in regs:
@@ -327,9 +251,13 @@ class Machine:
             "sched": self.scheduler.init(self.prog.num_blocks, L),
         }
         if self.prog.has_calls:
-            state["pc_stack"] = workspace["pc_stack"].at[0].set(self.halt)
-            state["pc_sp"] = jnp.ones((L,), idx)  # slot 0 holds the halt address
+            state["pc_stack"] = workspace["pc_stack"]
+            state["pc_sp"] = jnp.ones((L,), idx)  # slot 0 belongs to the bottom frame and is never read
         return state
+
+    def lanes_at(self, state: dict[str, Any], block: jax.Array) -> jax.Array:
+        """The lanes a step at `block` runs (all waiting there, by lane), then `lanes`."""
+        return first_true(state["pc"] == block, self.lanes)
 
     # --- one block -------------------------------------------------------
     #
@@ -342,18 +270,13 @@ class Machine:
 
     def block_fn(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
         prog, block, types = self.prog, self.prog.blocks[b], self.prog.var_types
-        L, D, lane_ids, idx = self.lanes, self.depth, self.lane_ids, index_dtype()
+        L, D, idx = self.lanes, self.depth, index_dtype()
         masked_ops, clean = _masked_plan(block, types, self.large)
 
         def run(lane_state: dict[str, Any], stacks: dict[str, Any]):
             lane_state = dict(lane_state)
-            regs, sps = dict(lane_state["regs"]), dict(lane_state["sps"])
+            regs = dict(lane_state["regs"])
             active = lane_state["pc"] == b
-            # `stacks` holds each stack's top per lane, not the stack.
-            no_write = jnp.full((L,), D, idx)
-            writes = {s: (no_write, zeros_of(t, (L,))) for s, t in self.stacks.items()}
-            if prog.has_calls:
-                writes[PC] = (no_write, jnp.zeros((L,), idx))
 
             def load(v: str) -> tuple[Any, bool]:
                 if prog.var_class[v] == CONSTANT:
@@ -364,41 +287,19 @@ class Machine:
 
             # Ops that update a large register under the lane mask themselves.
             prims = {k: functools.partial(_masked_prim, fn, active, types) for k, fn in masked_ops.items()}
-            # `stacks` holds the tops, gathered before the switch.
-            env, pushed = block_dataflow(block, self.stack_of, load, stacks.__getitem__, None, types, L, prims)
-
-            def read(v: str) -> tuple[Any, bool]:
-                return (env[v], True) if v in env else load(v)
-
-            for s, (_, w, d) in stack_offsets(block, self.stack_of).items():
-                if w is not None:
-                    writes[s] = (jnp.where(active, sps[s] + w, D), pushed[s])
-                sps[s] = sps[s] + d * active
-            for v, x in env.items():
+            # `stacks` holds each stack's top per lane (gathered before the switch), not the stack.
+            rows = Rows(active, lane_state["sps"], lane_state.get("pc_sp"), stacks.get(PC), False)
+            ran = execute(block, self.stack_of, self.stacks, types, load, stacks.__getitem__, None, rows,
+                          self.codes, D, L, prims)
+            writes = dict(ran.stack_writes)
+            if prog.has_calls:
+                writes[PC] = ran.pc_write or (jnp.full((L,), D, idx), jnp.zeros((L,), idx))
+            for v, x in ran.env.items():
                 if v in regs:
                     regs[v] = x if v in clean else select_where(active, x, regs[v])
-
-            pc, term = lane_state["pc"], block.term
-            if isinstance(term, Jump):
-                pc = jnp.where(active, term.target, pc)
-            elif isinstance(term, Branch):
-                cond, _ = read(term.cond)
-                cond = jnp.broadcast_to(jnp.asarray(cond) != 0, (L,))
-                pc = jnp.where(active, jnp.where(cond, term.true, term.false), pc)
-            elif isinstance(term, PushJump):
-                sp = lane_state["pc_sp"]
-                overflow = active & (sp >= D)  # the lane halts at OVERFLOWED
-                ok = active & ~overflow
-                writes[PC] = (jnp.where(ok, sp, D), jnp.full((L,), term.ret, idx))
-                lane_state["pc_sp"] = sp + ok
-                pc = jnp.where(ok, term.target, jnp.where(overflow, self.overflowed, pc))
-            elif isinstance(term, Return):
-                if prog.has_calls:
-                    pc = jnp.where(active, stacks[PC], pc)
-                    lane_state["pc_sp"] = lane_state["pc_sp"] - active
-                else:
-                    pc = jnp.where(active, self.halt, pc)
-            lane_state.update(pc=pc, regs=regs, sps=sps)
+            lane_state.update(pc=jnp.where(active, ran.pc, lane_state["pc"]), regs=regs, sps=ran.sps)
+            if prog.has_calls:
+                lane_state["pc_sp"] = ran.pc_sp
             return lane_state, writes
 
         return run
@@ -501,7 +402,7 @@ class Machine:
             slot = jnp.asarray([light.index(b) if b in light else len(light)
                                 for b in range(self.prog.num_blocks)] + [len(light)], index_dtype())
         in_place = [self.block_cond(b, consts, inv) for b in sorted(self.heavy)]
-        halt, max_steps, lanes = self.halt, self.max_steps, self.lane_ids
+        halt, max_steps = self.halt, self.max_steps
 
         def cond(state):
             running = jnp.any(state["pc"] < halt)

@@ -1,22 +1,31 @@
 """The fork-join machine: a pool of lanes, each step run on a compacted batch.
 
 A program with `Fork`s runs here. Examples start in lanes `0..B-1`; the other
-`max_lanes - B` lanes are free. At a Fork, every waiting lane that can get one
-free lane per call (a prefix sum over the free mask, on device) starts its
-children at their functions' entries and blocks (its pc is stored as
-`-1 - join`, off the frontier) until its pending count drops to zero; a child
-whose bottom frame returns is DONE: it decrements its parent's count and keeps
-its return value until the parent's `Join` gathers it and frees the lane.
-Lanes that cannot get enough free lanes take the Fork's sequential path in
-their own lane: slower, never wrong.
+`max_lanes - B` lanes are free. Nothing in a step scans the pool: every step
+costs what the lanes it runs need.
 
-Each step the scheduler picks one block; `lax.switch` runs it on the first
-`lane_width` lanes waiting there, gathered into a dense batch of the narrowest
-of up to 4 compiled widths that holds them (so a step costs what its lanes
-need, not the whole pool), and returns only those rows' new values. They are scattered into the pool after the switch (in place: XLA copies
-every full-size array a switch returns), each register's under a `lax.cond`
-that skips blocks which do not write it. Lanes beyond `lane_width` wait for a
-later step.
+* Each block has a queue of the lanes waiting at it (`queue[block, M]`, a
+  ring: `head`, `count`). The scheduler reads `count`; the step takes the
+  first `lane_width` lanes off the chosen block's queue and pushes each onto
+  the queue of its next pc (ranks by a prefix sum over the step's rows per
+  possible successor, which the terminator names statically).
+* Free lanes are a stack (`free_lanes`, `free_top`). At a Fork, every lane
+  that can get one free lane per call (in queue order) pops them, starts its
+  children on their functions' entries' queues and blocks (its pc is stored
+  as `-1 - join`, on no queue) until its pending count drops to zero. A child
+  whose bottom frame returns is DONE: it decrements its parent's count and
+  keeps its return value until the parent's `Join` gathers it and pushes the
+  lane back onto the free stack. A parent whose count reaches zero is pushed
+  onto its join block's queue (each parent once: `claim` picks one of the
+  siblings that finished in the same step). Lanes that cannot get enough
+  free lanes take the Fork's sequential path in their own lane: slower,
+  never wrong.
+
+Each step `lax.switch` runs the chosen block on its lanes gathered into a
+dense batch of the narrowest of up to 4 compiled widths that holds them, and
+returns only those rows' new values. They are scattered into the pool after
+the switch (in place: XLA copies every full-size array a switch returns),
+each register's under a `lax.cond` that skips blocks which do not write it.
 """
 from __future__ import annotations
 
@@ -41,19 +50,50 @@ from pcbatch.ir.core import (
     StackProgram,
     op_writes,
 )
+from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
-from pcbatch.runtime.lanes import cast_to, first_true, gather_rows, pad_rows, scatter_rows, zeros_of
+from pcbatch.runtime.lanes import cast_to, gather_rows, pad_rows, scatter_rows, zeros_of
 from pcbatch.runtime.machine import (
     MachineConfig,
     StackLayout,
     Status,
-    block_dataflow,
     block_in,
-    stack_offsets,
     while_loop_recorded,
 )
 
 tree_map = jax.tree_util.tree_map
+
+
+def ranks_by(dest: jax.Array, targets: list[int], num_blocks: int) -> tuple[jax.Array, jax.Array]:
+    """Per row, its rank among the rows going to the same block, and how many
+    rows go to each block. `dest` holds a block of `targets` or anything else
+    (no queue: those rows get no rank and are counted nowhere). One prefix sum
+    per target: the targets are few and known statically."""
+    idx = dest.dtype
+    rank = jnp.zeros(dest.shape, idx)
+    added = jnp.zeros((num_blocks,), idx)
+    for t in sorted(set(targets)):
+        here = dest == t
+        before = jnp.cumsum(here, dtype=idx)
+        rank = jnp.where(here, before - 1, rank)
+        added = added.at[t].set(before[-1])
+    return rank, added
+
+
+def successors(term: Any, return_targets: list[int]) -> list[int]:
+    """The blocks a lane can go to next from `term` and wait there (a Fork's
+    children and a blocked parent are queued separately)."""
+    if isinstance(term, Jump):
+        return [term.target]
+    if isinstance(term, Branch):
+        return [term.true, term.false]
+    if isinstance(term, PushJump):
+        return [term.target]
+    if isinstance(term, Return):
+        return list(return_targets)
+    if isinstance(term, Fork):
+        return [term.seq]
+    return []
 
 
 class PoolMachine:
@@ -76,6 +116,7 @@ class PoolMachine:
         self.scheduler = bind(config.scheduler, prog)
         nb = prog.num_blocks
         self.halt, self.overflowed, self.done, self.free = nb, nb + 1, nb + 2, nb + 3
+        self.codes = Codes(self.halt, self.overflowed, self.done)
         blocks = prog.blocks
         self.stored = sorted(v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing)
         self.writers = {v: [b for b, blk in enumerate(blocks) if any(v in op_writes(op) for op in blk.ops)]
@@ -85,6 +126,9 @@ class PoolMachine:
         self.pushjumps = [b for b, blk in enumerate(blocks) if isinstance(blk.term, PushJump)]
         self.forks = {b: blk.term for b, blk in enumerate(blocks) if isinstance(blk.term, Fork)}
         self.fan = max((len(t.calls) for t in self.forks.values()), default=1)
+        # Where a Return can go: any call's return address (the popped pc).
+        self.return_targets = sorted({blk.term.ret for blk in blocks if isinstance(blk.term, PushJump)})
+        self.joins = sorted({t.join for t in self.forks.values()})
         self._columns()
 
     # --- state -----------------------------------------------------------
@@ -93,8 +137,8 @@ class PoolMachine:
     # gathers and scatters them as one row: pc stack pointer, blocks run,
     # parent lane (-1: an example's root lane), pending children, poisoned
     # (a descendant overflowed), example, one stack pointer per stack, and
-    # the lanes of its outstanding children. The pc stays separate: every
-    # step compares all of it.
+    # the lanes of its outstanding children. The pc stays separate (the
+    # status, and the schedulers that look at every lane, read it).
 
     def _columns(self) -> None:
         names = ["pc_sp", "depth", "parent", "pending", "poison", "example"] + [f"sp:{s}" for s in self.stacks]
@@ -108,6 +152,7 @@ class PoolMachine:
     def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any],
              active: jax.Array | None = None) -> dict[str, Any]:
         M, B, types, col, idx = self.lanes, self.examples, self.prog.var_types, self.col, index_dtype()
+        nb = self.prog.num_blocks
         regs = {v: zeros_of(types[v], (M,)) for v in self.stored}
         for v, x in batched_inputs.items():
             if v in regs:
@@ -116,42 +161,56 @@ class PoolMachine:
         lane = lane.at[:, col["pc_sp"]].set(1)  # slot 0 belongs to the bottom frame and is never read
         lane = lane.at[:, col["parent"]].set(-1).at[:, col["example"]].set(jnp.arange(M, dtype=idx) % B)
         lane = lane.at[:, self.kids].set(M)
-        entry = jnp.full((B,), self.prog.entry_block, idx)
-        if active is not None:  # padding examples start halted: they never run a block
-            entry = jnp.where(active, entry, self.halt)
+        entry, examples = self.prog.entry_block, jnp.arange(B, dtype=idx)
+        running = jnp.ones((B,), bool) if active is None else active  # padding examples start halted
+        slot = jnp.where(running, jnp.cumsum(running, dtype=idx) - 1, M)
+        # The free stack's top is its last slot: lane B is taken first.
+        free_lanes = jnp.zeros((M,), idx).at[:M - B].set(jnp.arange(M - 1, B - 1, -1, dtype=idx))
         return {
-            "pc": jnp.full((M,), self.free, idx).at[:B].set(entry),
+            "pc": jnp.full((M,), self.free, idx).at[:B].set(jnp.where(running, entry, self.halt)),
             "lane": lane,
             "regs": regs,
             "stacks": dict(workspace["stacks"]),  # never read before written: no zero fill
             "pc_stack": workspace["pc_stack"],
+            "queue": jnp.zeros((nb, M), idx).at[entry, slot].set(examples, mode="drop"),
+            "head": jnp.zeros((nb,), idx),
+            "count": jnp.zeros((nb,), idx).at[entry].set(jnp.sum(running, dtype=idx)),
+            "free_lanes": free_lanes,
+            "free_top": jnp.asarray(M - B, idx),
+            "claim": jnp.zeros((M,), idx),  # scratch: read only where written in the same step
             "work": jnp.zeros((B,), idx),  # blocks run by all of an example's lanes
             "peak": jnp.asarray(B, idx),
             "steps": jnp.zeros((), idx),
-            "sched": self.scheduler.init(self.prog.num_blocks, M),
+            "sched": self.scheduler.init(nb, M),
         }
+
+    def lanes_at(self, state: dict[str, Any], block: jax.Array) -> jax.Array:
+        """The lanes a step at `block` runs: the first `width` of its queue, in
+        order, then `lanes` (none)."""
+        M, W = self.lanes, self.width
+        k = jnp.arange(W, dtype=state["head"].dtype)
+        ids = state["queue"][block, (state["head"][block] + k) % M]
+        return jnp.where(k < state["count"][block], ids, M)
 
     # --- one block on a compacted batch -----------------------------------
 
     def block_fn(self, b: int, consts: dict[str, Any], inv: dict[str, Any], W: int):
         """Block `b` on (up to) `W` of its lanes; every output padded to `self.width` rows."""
         prog, block, types, col = self.prog, self.prog.blocks[b], self.prog.var_types, self.col
-        M, D, K, N = self.lanes, self.depth, self.fan, self.width
+        M, D, K, N, nb = self.lanes, self.depth, self.fan, self.width, prog.num_blocks
         idx = index_dtype()
 
         def run(state: dict[str, Any]) -> dict[str, Any]:
-            pc_all = state["pc"]
-            ids = first_true(pc_all == b, W)
+            ids = state["ids"][:W]
             valid = ids < M
             own = state["lane"].at[ids].get(mode="fill", fill_value=0)
             get = lambda name: own[:, col[name]]  # noqa: E731
             sps = {s: get(f"sp:{s}") for s in self.stacks}
             changes: dict[str, jax.Array] = {"depth": get("depth") + 1}
-            no_row = jnp.full((W,), D, idx)
-            stack_writes = {s: (no_row, zeros_of(t, (W,))) for s, t in self.stacks.items()}
-            pc_write = (no_row, jnp.zeros((W,), idx))
+            pc_write = (jnp.full((W,), D, idx), jnp.zeros((W,), idx))
             freed = jnp.full((W * K,), M, idx)
             spawned = (jnp.full((W * K,), M, idx), jnp.zeros((W * K, self.num_cols), idx), jnp.zeros((W * K,), idx))
+            used = jnp.zeros((), idx)  # free lanes taken
 
             loaded: dict[str, Any] = {}  # registers and invariants, gathered once
 
@@ -174,54 +233,33 @@ class PoolMachine:
                 return {v: cast_to(gather_rows(state["regs"][r], kids[:, k]), types[v], None)
                         for k, (v, r) in enumerate(zip(op.outs, op.rets))}
 
-            env, pushed = block_dataflow(block, self.stack_of, load, top, join, types, W)
-
-            def read(v: str) -> tuple[Any, bool]:
-                return (env[v], True) if v in env else load(v)
-
-            for s, (_, w, d) in stack_offsets(block, self.stack_of).items():
-                if w is not None:
-                    stack_writes[s] = (jnp.where(valid, sps[s] + w, D), pushed[s])
-                sps[s] = sps[s] + d
+            child = get("parent") >= 0
+            pc_sp = get("pc_sp")
+            pc_top = None
+            if isinstance(block.term, Return):
+                pc_top = state["pc_stack"].at[jnp.maximum(pc_sp - 1, 0), ids].get(mode="fill", fill_value=self.halt)
+            ran = execute(block, self.stack_of, self.stacks, types, load, top, join,
+                          Rows(valid, sps, pc_sp, pc_top, child), self.codes, D, W)
+            stack_writes = ran.stack_writes
+            if ran.pc_write is not None:
+                pc_write = ran.pc_write
+            changes["pc_sp"] = ran.pc_sp
+            changes["poison"] = get("poison") | ran.overflow
             if block.ops and isinstance(block.ops[0], Join):
                 kids = own[:, self.kids]
-                poison = get("poison")
                 for k in range(len(block.ops[0].rets)):
-                    poison = poison | state["lane"].at[kids[:, k], col["poison"]].get(mode="fill", fill_value=0)
-                changes["poison"] = poison
+                    changes["poison"] = changes["poison"] | state["lane"].at[kids[:, k], col["poison"]].get(
+                        mode="fill", fill_value=0)
                 freed = jnp.where(valid[:, None], kids, M).reshape(-1)
 
-            term = block.term
-            finished = jnp.zeros((W,), bool)  # a child lane whose bottom frame is done
-            child = get("parent") >= 0
-            if isinstance(term, Jump):
-                pc = jnp.full((W,), term.target, idx)
-            elif isinstance(term, Branch):
-                cond, _ = read(term.cond)
-                cond = jnp.broadcast_to(jnp.asarray(cond) != 0, (W,))
-                pc = jnp.where(cond, term.true, term.false).astype(idx)
-            elif isinstance(term, PushJump):
-                sp = get("pc_sp")
-                overflow = sp >= D
-                pc_write = (jnp.where(valid & ~overflow, sp, D), jnp.full((W,), term.ret, idx))
-                changes["pc_sp"] = sp + ~overflow
-                # An overflowing child finishes poisoned (its parent must not wait forever).
-                finished = overflow & child
-                changes["poison"] = get("poison") | overflow
-                pc = jnp.where(overflow, jnp.where(child, self.done, self.overflowed), term.target).astype(idx)
-            elif isinstance(term, Return):
-                sp = get("pc_sp")
-                bottom = sp <= 1
-                popped = state["pc_stack"].at[jnp.maximum(sp - 1, 0), ids].get(mode="fill", fill_value=self.halt)
-                finished = bottom & child
-                pc = jnp.where(bottom, jnp.where(child, self.done, self.halt), popped).astype(idx)
-                changes["pc_sp"] = jnp.maximum(sp - 1, 1)
-            elif isinstance(term, Fork):
+            term, pc = block.term, ran.pc
+            kid_dest = jnp.full((W * K,), nb, idx)
+            if isinstance(term, Fork):
                 k = len(term.calls)
-                free = pc_all == self.free
-                room = jnp.sum(free, dtype=idx) // k
+                room = state["free_top"] // k
                 can = valid & (jnp.arange(W, dtype=idx) < room)  # valid rows come first, in order
-                kids = jnp.where(can[:, None], first_true(free, W * k).reshape(W, k), M)
+                used = jnp.sum(can, dtype=idx) * k
+                kids = jnp.where(can[:, None], state["free"][:W * k].reshape(W, k), M)
                 kids = jnp.pad(kids, ((0, 0), (0, K - k)), constant_values=M)
                 own = own.at[:, self.kids].set(kids)
                 changes["pending"] = jnp.where(can, k, get("pending"))
@@ -232,16 +270,27 @@ class PoolMachine:
                 rows = rows.at[:, :, col["depth"]].set(changes["depth"][:, None])  # the Fork's successors
                 rows = rows.at[:, :, col["example"]].set(get("example")[:, None])
                 starts = jnp.array([c.target for c in term.calls] + [0] * (K - k), idx)
-                spawned = (kids.reshape(-1), rows.reshape(W * K, -1), jnp.broadcast_to(starts, (W, K)).reshape(-1))
+                starts = jnp.broadcast_to(starts, (W, K))
+                spawned = (kids.reshape(-1), rows.reshape(W * K, -1), starts.reshape(-1))
+                kid_dest = jnp.where(kids < M, starts, nb).reshape(-1)
                 pc = jnp.where(can, -1 - term.join, term.seq).astype(idx)
-            decrement = jnp.where(valid & finished, get("parent"), M)
+            decrement = jnp.where(valid & ran.finished, get("parent"), M)
+
+            # Queue every lane that waits somewhere next: the rows at their
+            # new pcs, then a Fork's children at their entries.
+            targets = successors(term, self.return_targets)
+            if isinstance(term, Fork):
+                targets = targets + [c.target for c in term.calls]
+            dest = jnp.where(valid, pc, nb)
+            dest = jnp.concatenate([pad_rows(dest, N, nb), pad_rows(kid_dest, N * K, nb)])
+            rank, added = ranks_by(dest, targets, nb)
 
             for s in self.stacks:
-                changes[f"sp:{s}"] = sps[s]
+                changes[f"sp:{s}"] = ran.sps[s]
             for name, x in changes.items():
                 own = own.at[:, col[name]].set(x.astype(idx))
             # Every branch returns the same structure: zeros for registers it does not write.
-            regs = {v: env[v] if b in self.writers[v] else zeros_of(types[v], (W,))
+            regs = {v: ran.env[v] if b in self.writers[v] else zeros_of(types[v], (W,))
                     for v in self.stored if self.writers[v]}
             out = {"pc": pc, "lane": own, "regs": regs, "stack_values": {s: x for s, (_, x) in stack_writes.items()},
                    "pc_value": pc_write[1]}
@@ -249,12 +298,12 @@ class PoolMachine:
             # Padding rows: no lane (M), no stack row (D); their values are dropped.
             out["spawn_rows"] = pad_rows(spawned[1], N * K)
             out["spawn_starts"] = pad_rows(spawned[2], N * K)
-            out["ids"] = pad_rows(ids, N, M)
             out["decrement"] = pad_rows(decrement, N, M)
             out["stack_rows"] = {s: pad_rows(row, N, D) for s, (row, _) in stack_writes.items()}
             out["pc_row"] = pad_rows(pc_write[0], N, D)
             out["freed"] = pad_rows(freed, N * K, M)
             out["spawn_lanes"] = pad_rows(spawned[0], N * K, M)
+            out.update(dest=dest, rank=rank, added=added, used=used)
             return out
 
         return run
@@ -265,7 +314,8 @@ class PoolMachine:
             workspace: dict[str, Any], active: jax.Array | None = None, recorder: Any = None) -> tuple[Any, ...]:
         """`(result, status, workspace)`, and the tape last when a `recorder`
         (gradients, `grad.py`) is given."""
-        prog, B, col = self.prog, self.examples, self.col
+        prog, B, col, M, N, K = self.prog, self.examples, self.col, self.lanes, self.width, self.fan
+        nb = prog.num_blocks
         widths = self.widths
 
         def branch(b: int):
@@ -274,34 +324,46 @@ class PoolMachine:
                 return runs[0]
 
             def go(state):
-                # The narrowest width that takes every lane waiting here: a step
+                # The narrowest width that takes every lane run here: a step
                 # costs what its lanes need, not the widest batch.
-                which = jnp.minimum(jnp.searchsorted(jnp.array(widths), state["count"]), len(widths) - 1)
+                which = jnp.minimum(jnp.searchsorted(jnp.array(widths), state["n"]), len(widths) - 1)
                 return lax.switch(which, runs, state)
             return go
 
-        branches = [branch(b) for b in range(prog.num_blocks)]
+        branches = [branch(b) for b in range(nb)]
         halt, max_steps = self.halt, self.max_steps
 
         def cond(state):
-            running = jnp.any(state["pc"] < halt)  # blocked parents (pc < 0) count as running
+            running = jnp.any(state["count"] > 0)  # a blocked parent has a child on some queue
             return running if max_steps is None else running & (state["steps"] < max_steps)
 
+        def enqueue(queue, head, count, lanes, dest, rank, added):
+            """Append `lanes` to the queues `dest` (rows elsewhere are dropped)
+            at their `rank`s; `added` counts them per block."""
+            to = jnp.minimum(dest, nb - 1)
+            pos = (head[to] + count[to] + rank) % M
+            return queue.at[dest, pos].set(lanes, mode="drop"), count + added
+
         def step(state, observe):
-            pc = state["pc"]
-            ready = (pc >= 0) & (pc < halt)
-            sched_pc = jnp.where(ready, pc, halt)
-            counts = jnp.sum(sched_pc[None, :] == jnp.arange(halt, dtype=pc.dtype)[:, None], axis=1, dtype=pc.dtype)
+            pc, count = state["pc"], state["count"]
+            # Only the schedulers that look at every lane read these (XLA drops them otherwise).
+            sched_pc = jnp.where((pc >= 0) & (pc < halt), pc, halt)
             depth = state["lane"][:, col["depth"]]
-            block, sched = self.scheduler.choose(state["sched"], Frontier(sched_pc, counts, depth))
+            block, sched = self.scheduler.choose(state["sched"], Frontier(sched_pc, count, depth))
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
-            view = {k: state[k] for k in ("pc", "lane", "regs", "stacks", "pc_stack")}
-            view["count"] = counts[block]  # lanes waiting at the chosen block
+            n = jnp.minimum(count[block], N)
+            ids = self.lanes_at(state, block)
+            head = state["head"].at[block].set((state["head"][block] + n) % M)
+            count = count.at[block].add(-n)
+            free_top = state["free_top"]
+            j = jnp.arange(N * K, dtype=pc.dtype)
+            free = jnp.where(j < free_top, state["free_lanes"][jnp.maximum(free_top - 1 - j, 0)], M)
+            view = {k: state[k] for k in ("lane", "regs", "stacks", "pc_stack")}
+            view.update(ids=ids, n=n, free=free, free_top=free_top)
             out = lax.switch(block, branches, view)
-            ids = out["ids"]
             new = dict(state)
             lane = state["lane"].at[ids].set(out["lane"], mode="drop")
-            new["work"] = state["work"].at[jnp.where(ids < self.lanes, out["lane"][:, col["example"]], B)].add(
+            new["work"] = state["work"].at[jnp.where(ids < M, out["lane"][:, col["example"]], B)].add(
                 1, mode="drop")
             regs = dict(state["regs"])
             for v, vals in out["regs"].items():
@@ -315,22 +377,42 @@ class PoolMachine:
             row, value = out["pc_row"], out["pc_value"]
             new["pc_stack"] = lax.cond(block_in(block, self.pushjumps),
                                        lambda a: a.at[row, ids].set(value, mode="drop"), lambda a: a, state["pc_stack"])
-            pc = pc.at[ids].set(out["pc"], mode="drop").at[out["freed"]].set(self.free, mode="drop")
-            if self.forks:
-                kid = out["spawn_lanes"]
-                pc = pc.at[kid].set(out["spawn_starts"], mode="drop")
-                lane = lane.at[kid].set(out["spawn_rows"], mode="drop")
-                src, example = out["spawn_rows"][:, col["parent"]], out["spawn_rows"][:, col["example"]]
-                for f, term in self.forks.items():
-                    regs = lax.cond(block == f, self._spawn_params(term, consts, inv, kid, src, example),
-                                    lambda r: r, regs)
-                lane = lane.at[out["decrement"], col["pending"]].add(-1, mode="drop")
-                # A Join comes after its children's last blocks: its depth (for
-                # the depth/agenda schedulers) is the longest path through them.
-                lane = lane.at[out["decrement"], col["depth"]].max(out["lane"][:, col["depth"]], mode="drop")
-                pc = jnp.where((pc < 0) & (lane[:, col["pending"]] == 0), -1 - pc, pc)
+            kid = out["spawn_lanes"]
+            pc = pc.at[ids].set(out["pc"], mode="drop").at[kid].set(out["spawn_starts"], mode="drop")
+            queue, count = enqueue(state["queue"], head, count, jnp.concatenate([ids, kid]),
+                                   out["dest"], out["rank"], out["added"])
+            # Free lanes: a Fork's children were popped off the top; a Join's go back on.
+            free_top = free_top - out["used"]
+            freed = out["freed"]
+            back = freed < M
+            slot = jnp.where(back, free_top + jnp.cumsum(back, dtype=pc.dtype) - 1, M)
+            free_lanes = state["free_lanes"].at[slot].set(freed, mode="drop")
+            free_top = free_top + jnp.sum(back, dtype=pc.dtype)
+            pc = pc.at[freed].set(self.free, mode="drop")
+            lane = lane.at[kid].set(out["spawn_rows"], mode="drop")
+            src, example = out["spawn_rows"][:, col["parent"]], out["spawn_rows"][:, col["example"]]
+            for f, term in self.forks.items():
+                regs = lax.cond(block == f, self._spawn_params(term, consts, inv, kid, src, example),
+                                lambda r: r, regs)
+            # Children that finished: their parents' pending counts drop, and
+            # a parent whose count reaches 0 waits at its join block.
+            parent = out["decrement"]
+            lane = lane.at[parent, col["pending"]].add(-1, mode="drop")
+            # A Join comes after its children's last blocks: its depth (for
+            # the depth/agenda schedulers) is the longest path through them.
+            lane = lane.at[parent, col["depth"]].max(out["lane"][:, col["depth"]], mode="drop")
+            r = jnp.arange(N, dtype=pc.dtype)
+            claim = state["claim"].at[parent].set(r, mode="drop")  # one of the siblings speaks for the parent
+            woke = ((parent < M) & (claim.at[parent].get(mode="fill", fill_value=-1) == r)
+                    & (lane.at[parent, col["pending"]].get(mode="fill", fill_value=1) == 0))
+            join = -1 - pc.at[parent].get(mode="fill", fill_value=0)
+            dest = jnp.where(woke, join, nb)
+            rank, added = ranks_by(dest, self.joins, nb)
+            queue, count = enqueue(queue, head, count, parent, dest, rank, added)
+            pc = pc.at[jnp.where(woke, parent, M)].set(join, mode="drop")
             new.update(pc=pc, lane=lane, regs=regs, stacks=stacks, sched=sched, steps=state["steps"] + 1,
-                       peak=jnp.maximum(state["peak"], jnp.sum(pc != self.free, dtype=pc.dtype)))
+                       queue=queue, head=head, count=count, free_lanes=free_lanes, free_top=free_top, claim=claim,
+                       peak=jnp.maximum(state["peak"], M - free_top))
             return new, {"block": block, "out": out}
 
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from pcbatch.ir.core import CONSTANT, INVARIANT, StackProgram
-from pcbatch.runtime.machine import Machine, MachineConfig, Status, eval_prelude
+from pcbatch.runtime.block import eval_prelude
+from pcbatch.runtime.machine import Machine, MachineConfig, Status
 from pcbatch.runtime.pool import PoolMachine
 from pcbatch.runtime.steps import StepRecorder, StepTrace
 
@@ -54,7 +55,7 @@ def trace_steps(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, conf
 
     @jax.jit
     def run(inputs):
-        recorder = StepRecorder(prog.num_blocks, machine.width, size, per_lane)
+        recorder = StepRecorder(prog.num_blocks, machine.width, size, per_lane, machine.lanes_at)
         result, status, _, tape = run_machine(prog, inputs, num_lanes, config, recorder=recorder)
         return result, status, tape
 

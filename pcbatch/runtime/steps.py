@@ -22,10 +22,12 @@ from pcbatch.runtime.dtypes import index_dtype
 class StepRecorder:
     """Per-step records of up to `size` steps of a machine whose steps run at
     most `width` lanes of the chosen block (later steps are counted, not kept);
-    with `per_lane`, also every lane's pc before each step."""
+    with `per_lane`, also every lane's pc before each step and the lanes it
+    ran (`lanes_at(state, block)`, the machine's own choice)."""
 
-    def __init__(self, num_blocks: int, width: int, size: int, per_lane: bool = False):
+    def __init__(self, num_blocks: int, width: int, size: int, per_lane: bool = False, lanes_at: Any = None):
         self.num_blocks, self.width, self.size, self.per_lane = num_blocks, width, size, per_lane
+        self.lanes_at = lanes_at
 
     def init(self, state: dict[str, Any]) -> dict[str, jax.Array]:
         idx = index_dtype()
@@ -35,6 +37,7 @@ class StepRecorder:
                 "counts": jnp.zeros((self.size, self.num_blocks), idx)}
         if self.per_lane:
             tape["pc"] = jnp.zeros((self.size,) + state["pc"].shape, idx)
+            tape["ran"] = jnp.zeros((self.size,) + state["pc"].shape, bool)
         return tape
 
     def before(self, tape: dict[str, jax.Array], pre: dict[str, Any], block: jax.Array):
@@ -49,6 +52,8 @@ class StepRecorder:
                "counts": tape["counts"].at[at].set(counts, mode="drop")}
         if self.per_lane:
             new["pc"] = tape["pc"].at[at].set(pc, mode="drop")
+            ran = jnp.zeros(pc.shape, bool).at[self.lanes_at(pre, block)].set(True, mode="drop")
+            new["ran"] = tape["ran"].at[at].set(ran, mode="drop")
         return new, None, new["t"]
 
     def after(self, tape: dict[str, jax.Array], taken: Any, new: dict[str, Any], info: Any) -> dict[str, jax.Array]:
@@ -66,9 +71,10 @@ class StepTrace:
     total:     steps the run took; more than `kept` when the buffer was too
                small (`truncated`; pass a larger `steps=` to `f.trace`).
     num_lanes: lanes of the machine (the batch, or the fork-join lane pool).
-    width:     the most lanes one step runs (the first waiting, by lane index).
+    width:     the most lanes one step runs.
     pc:        int[kept, num_lanes] each lane's pc before each step, or None
                (`f.trace(..., per_lane=True)` records it).
+    ran_lanes: bool[kept, num_lanes] the lanes each step ran, or None (with `pc`).
     """
 
     blocks: np.ndarray
@@ -78,14 +84,16 @@ class StepTrace:
     num_lanes: int
     width: int
     pc: np.ndarray | None = None
+    ran_lanes: np.ndarray | None = None
 
     @classmethod
     def from_tape(cls, tape: dict[str, Any], num_lanes: int, width: int) -> StepTrace:
         total = int(tape["t"])
         kept = min(total, int(tape["block"].shape[0]))
         pc = np.asarray(tape["pc"][:kept]) if "pc" in tape else None
+        ran = np.asarray(tape["ran"][:kept]) if "ran" in tape else None
         return cls(np.asarray(tape["block"][:kept]), np.asarray(tape["lanes"][:kept]),
-                   np.asarray(tape["counts"][:kept]), total, num_lanes, width, pc)
+                   np.asarray(tape["counts"][:kept]), total, num_lanes, width, pc, ran)
 
     @property
     def truncated(self) -> bool:
@@ -112,10 +120,9 @@ class StepTrace:
 
     def ran(self) -> np.ndarray:
         """bool[kept, num_lanes]: the lanes each step ran (needs `pc`)."""
-        if self.pc is None:
+        if self.ran_lanes is None:
             raise ValueError("this trace has no per-lane record: use f.trace(..., per_lane=True)")
-        waiting = self.pc == self.blocks[:, None]
-        return waiting & (np.cumsum(waiting, axis=1) <= self.width)
+        return self.ran_lanes
 
     def runs(self, block: int) -> np.ndarray:
         """int[num_lanes, kept]: how often each lane has run `block` by the end

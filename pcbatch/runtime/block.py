@@ -1,0 +1,210 @@
+"""One block on a dense batch of lanes: the executor every machine shares.
+
+`execute` runs a block's ops (`block_dataflow`), turns its Push/Update/Pop
+ops into stack-pointer moves and `(row, value)` stack writes, and its
+terminator into each lane's next pc, pc-stack write and pc-stack pointer. It
+never sees how the lanes were chosen or where their state lives: the caller
+hands it a `Rows` (the lanes' pointers, gathered or whole) and reads, and
+scatters what comes back. The plain machine (`machine.py`) runs it on all
+lanes with `valid` the lanes at the block; the fork-join pool (`pool.py`) on
+the lanes it took off the block's queue; the gradient pass (`grad.py`)
+differentiates `block_dataflow` on taped rows.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pcbatch.ir.core import (
+    CONSTANT,
+    INVARIANT,
+    Block,
+    Branch,
+    Fork,
+    Join,
+    Jump,
+    Peek,
+    Pop,
+    Prim,
+    Push,
+    PushJump,
+    Return,
+    StackProgram,
+    Update,
+)
+from pcbatch.runtime.dtypes import index_dtype
+from pcbatch.runtime.lanes import cast_to, zeros_of
+
+
+class Codes(NamedTuple):
+    """The pcs a lane can hold besides blocks: halted (its example's result
+    is ready), overflowed (halted: recursion deeper than the stacks) and done
+    (a fork-join child whose bottom frame returned)."""
+
+    halt: int
+    overflowed: int
+    done: int
+
+
+class Rows(NamedTuple):
+    """The lanes a block runs on, as `W` rows. `valid`: the rows that run it
+    (the others compute junk that the caller drops); `sps`: each stack's
+    pointer; `pc_sp`: the pc stack's pointer (None without calls); `pc_top`:
+    the pc stack's top (read by a Return); `child`: rows that are fork-join
+    children (their bottom frame's Return or overflow makes them done)."""
+
+    valid: jax.Array
+    sps: dict[str, jax.Array]
+    pc_sp: jax.Array | None
+    pc_top: jax.Array | None
+    child: jax.Array | bool
+
+
+class Ran(NamedTuple):
+    """What a block did to its rows. `env`: every variable it assigned;
+    `pc`: next pc per row (None for a Fork: the pool decides); `sps`,
+    `pc_sp`: the pointers after it; `stack_writes[s] = (row, value)` (row
+    `depth`: no write); `pc_write`: the same for the pc stack (None when the
+    block does not call); `overflow`: rows whose call overflowed the pc
+    stack; `finished`: child rows that are done."""
+
+    env: dict[str, Any]
+    pc: jax.Array | None
+    sps: dict[str, jax.Array]
+    pc_sp: jax.Array | None
+    stack_writes: dict[str, tuple[jax.Array, Any]]
+    pc_write: tuple[jax.Array, jax.Array] | None
+    overflow: jax.Array
+    finished: jax.Array
+
+
+def run_prim(op: Prim, read, types: Any, lanes: int | None) -> dict[str, Any]:
+    """`op` on a batch: vmapped over the lanes if any input is batched
+    (`read(v)` gives `(value, batched)`), each output cast to its type."""
+    vals, batched = zip(*(read(v) for v in op.ins)) if op.ins else ((), ())
+    if any(batched):
+        outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
+    else:
+        outs = op.fn(*vals)
+    return {v: cast_to(x, types[v], None if any(batched) else lanes) for v, x in zip(op.outs, outs)}
+
+
+def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, types: Any,
+                   lanes: int | None, prims: dict[int, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The values a block's ops compute, on a batch of lanes: `env` (every
+    variable an op assigns) and, per stack, the value its Push/Update writes.
+    `read(v)` gives `(value, batched)` of a variable not assigned earlier in
+    the block, `top(s)` the top of stack `s` (a block reads a stack at most
+    once, before it writes it), `join(op)` a Join's values by out.
+    `prims[k](op, get)`, where given, computes the k-th op instead of
+    `run_prim` (the same values in the lanes that run the block). Both
+    machines run blocks with it, and gradients (`grad.py`) differentiate it."""
+    env: dict[str, Any] = {}
+    pushed: dict[str, Any] = {}
+
+    def get(v: str) -> tuple[Any, bool]:
+        return (env[v], True) if v in env else read(v)
+
+    prims = prims or {}
+    for k, op in enumerate(block.ops):
+        if k in prims:
+            env.update(prims[k](op, get))
+        elif isinstance(op, Prim):
+            env.update(run_prim(op, get, types, lanes))
+        elif isinstance(op, (Push, Update)):
+            pushed[stack_of[op.var]] = get(op.var)[0]
+        elif isinstance(op, (Pop, Peek)):
+            env[op.var] = top(stack_of[op.var])
+        elif isinstance(op, Join):
+            env.update(join(op))
+    return env, pushed
+
+
+def stack_offsets(block: Block, stack_of: dict[str, str]) -> dict[str, tuple[int | None, int | None, int]]:
+    """Per stack a block touches, relative to the lane's stack pointer before
+    the block: the row it reads (Pop/Peek), the row it writes (Push/Update),
+    None for neither, and the pointer's net change."""
+    out: dict[str, tuple[int | None, int | None, int]] = {}
+    for op in block.ops:
+        if isinstance(op, (Push, Pop, Peek, Update)):
+            s = stack_of[op.var]
+            r, w, d = out.get(s, (None, None, 0))
+            if isinstance(op, (Pop, Peek)):
+                r = d - 1
+            else:
+                w = d if isinstance(op, Push) else d - 1
+            d += 1 if isinstance(op, Push) else -1 if isinstance(op, Pop) else 0
+            out[s] = (r, w, d)
+    return out
+
+
+def no_writes(stacks: dict[str, Any], lanes: int, depth: int) -> dict[str, tuple[jax.Array, Any]]:
+    """A write request per stack that writes nothing (row `depth`)."""
+    row = jnp.full((lanes,), depth, index_dtype())
+    return {s: (row, zeros_of(t, (lanes,))) for s, t in stacks.items()}
+
+
+def execute(block: Block, stack_of: dict[str, str], stacks: dict[str, Any], types: Any,
+            read: Callable, top: Callable, join: Callable | None, rows: Rows, codes: Codes,
+            depth: int, lanes: int, prims: dict[int, Any] | None = None) -> Ran:
+    """Run `block` on `lanes` rows (see `Rows`, `Ran`). `read(v)` gives a
+    variable's `(value, batched)` before the block, `top(s)` stack `s`'s top,
+    `join(op)` a Join's children's return values; `depth` is the stacks'
+    depth (a pointer reaching it overflows)."""
+    idx = index_dtype()
+    valid = rows.valid
+    env, pushed = block_dataflow(block, stack_of, read, top, join, types, lanes, prims)
+    writes = no_writes(stacks, lanes, depth)
+    sps = dict(rows.sps)
+    for s, (_, w, d) in stack_offsets(block, stack_of).items():
+        if w is not None:
+            writes[s] = (jnp.where(valid, sps[s] + w, depth), pushed[s])
+        sps[s] = jnp.where(valid, sps[s] + d, sps[s])
+
+    term = block.term
+    no = jnp.zeros((lanes,), bool)
+    pc, pc_sp, pc_write, overflow, finished = None, rows.pc_sp, None, no, no
+    if isinstance(term, Jump):
+        pc = jnp.full((lanes,), term.target, idx)
+    elif isinstance(term, Branch):
+        cond = env[term.cond] if term.cond in env else read(term.cond)[0]
+        cond = jnp.broadcast_to(jnp.asarray(cond) != 0, (lanes,))
+        pc = jnp.where(cond, term.true, term.false).astype(idx)
+    elif isinstance(term, PushJump):
+        overflow = valid & (pc_sp >= depth)
+        ok = valid & ~overflow
+        pc_write = (jnp.where(ok, pc_sp, depth), jnp.full((lanes,), term.ret, idx))
+        pc_sp = pc_sp + ok
+        # An overflowing child finishes (poisoned): its parent must not wait forever.
+        finished = overflow & rows.child
+        pc = jnp.where(overflow, jnp.where(rows.child, codes.done, codes.overflowed), term.target).astype(idx)
+    elif isinstance(term, Return):
+        if pc_sp is None:  # no calls: every Return ends the example
+            bottom = jnp.ones((lanes,), bool)
+            pc = jnp.full((lanes,), codes.halt, idx)
+        else:
+            bottom = pc_sp <= 1  # slot 0 belongs to the bottom frame and is never read
+            pc = jnp.where(bottom, codes.halt, rows.pc_top).astype(idx)
+            pc_sp = jnp.where(valid & ~bottom, pc_sp - 1, pc_sp)
+        finished = valid & bottom & rows.child
+        pc = jnp.where(finished, codes.done, pc).astype(idx)
+    elif not isinstance(term, Fork):
+        raise TypeError(f"unknown terminator {term!r}")
+    return Ran(env, pc, sps, pc_sp, writes, pc_write, overflow, finished)
+
+
+def eval_prelude(prog: StackProgram, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Machine constants, computed once and unbatched, and per-example
+    invariants, computed once per example (leading example axis)."""
+    consts = {v: x for v, x in inputs.items() if prog.var_class.get(v) == CONSTANT}
+    inv = {v: x for v, x in inputs.items() if prog.var_class.get(v) == INVARIANT}
+
+    def read(v: str) -> tuple[Any, bool]:
+        return (inv[v], True) if v in inv else (consts[v], False)
+
+    for op in prog.prelude:
+        for v, x in run_prim(op, read, prog.var_types, None).items():
+            (inv if prog.var_class.get(v) == INVARIANT else consts)[v] = x
+    return consts, inv
