@@ -8,7 +8,7 @@ the walk repeated `reps` times by each example) runs at the same lane width
 (256: at most 256 lanes per step) with pools of 1k, 16k and 128k lanes. The
 step count does not depend on the pool; the time per step should not either
 (issue 17: <= 1.3x growth from 1k to 128k). The marginal cost of a step is
-taken between two workloads (`reps` 2 and 10) so that the per-call set-up
+taken between two workloads (`reps` 2 and 42) so that the per-call set-up
 (allocating and filling the pool's arrays, O(pool)) is not counted as step
 time; it is printed separately. Systems are timed interleaved, medians.
 """
@@ -29,7 +29,7 @@ POOLS = (1024, 16384, 131072)
 WIDTH = 256
 TREES = 8
 DEPTH = 6
-REPS = (2, 10)
+REPS = (2, 42)
 GROWTH_TARGET = 1.3
 
 

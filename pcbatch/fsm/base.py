@@ -23,11 +23,15 @@ class Frontier(NamedTuple):
     counts: int32[num_blocks] number of ready lanes per block.
     depth:  int32[lanes] blocks each lane's thread has executed so far
             (its topological depth in the executed chain/DAG).
+    earliest: the lowest block with a ready lane, where the machine knows it
+            cheaper than `min(pc)` (the fork-join pool: from `counts`, not
+            from every lane of the pool), or None.
     """
 
     pc: jax.Array
     counts: jax.Array
     depth: jax.Array
+    earliest: jax.Array | None = None
 
 
 class Scheduler(Protocol):
@@ -48,6 +52,8 @@ class Earliest:
         return ()
 
     def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:
+        if frontier.earliest is not None:
+            return frontier.earliest, carry
         # Halted lanes sit at num_blocks, so the minimum pc is the earliest ready block.
         return jnp.min(frontier.pc), carry
 

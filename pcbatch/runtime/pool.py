@@ -349,7 +349,7 @@ class PoolMachine:
             # Only the schedulers that look at every lane read these (XLA drops them otherwise).
             sched_pc = jnp.where((pc >= 0) & (pc < halt), pc, halt)
             depth = state["lane"][:, col["depth"]]
-            block, sched = self.scheduler.choose(state["sched"], Frontier(sched_pc, count, depth))
+            block, sched = self.scheduler.choose(state["sched"], Frontier(sched_pc, count, depth, jnp.argmax(count > 0)))
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
             n = jnp.minimum(count[block], N)
             ids = self.lanes_at(state, block)
