@@ -130,7 +130,7 @@ class Autobatched:
         # The last call's stacks per signature, donated to the next call: stacks
         # are never read before written, so reusing them skips a zero fill.
         self._workspaces: dict[Any, Any] = {}
-        # Per compiled runner: which inputs are shared; its gradients (runtime/grad.py).
+        # Per compiled runner: which inputs are shared; its gradients (runtime/grad/).
         self._shared: dict[Any, tuple[bool, ...]] = {}
         self._grads: dict[Any, Differentiable] = {}
         self.trace_count = 0  # machines traced so far; a cache hit does not add one

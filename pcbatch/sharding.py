@@ -174,7 +174,7 @@ class BatchSharding:
 
     def undifferentiable(self, primal: Callable) -> Callable:
         """`primal` (the sharded machine, `inputs -> (result, status)`), raising
-        `OptionError` when differentiated. Gradients (`pcbatch/runtime/grad.py`)
+        `OptionError` when differentiated. Gradients (`pcbatch/runtime/grad/`)
         record and replay one machine over the whole batch; over a multi-process
         mesh no process holds the whole batch, so that machine cannot run there.
         Undifferentiated calls (inside `jax.jit` too) run the sharded machine."""

@@ -7,7 +7,7 @@ never sees how the lanes were chosen or where their state lives: the caller
 hands it a `Rows` (the lanes' pointers, gathered or whole) and reads, and
 scatters what comes back. The plain machine (`machine.py`) runs it on all
 lanes with `valid` the lanes at the block; the fork-join pool (`pool.py`) on
-the lanes it took off the block's queue; the gradient pass (`grad.py`)
+the lanes it took off the block's queue; the gradient pass (`grad/`)
 differentiates `block_dataflow` on taped rows.
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, type
     once, before it writes it), `join(op)` a Join's values by out.
     `prims[k](op, get)`, where given, computes the k-th op instead of
     `run_prim` (the same values in the lanes that run the block). Both
-    machines run blocks with it, and gradients (`grad.py`) differentiate it."""
+    machines run blocks with it, and gradients (`grad/backward.py`) differentiate it."""
     env: dict[str, Any] = {}
     pushed: dict[str, Any] = {}
 

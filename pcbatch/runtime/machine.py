@@ -122,7 +122,7 @@ def while_loop_recorded(cond, step, init: Any, recorder: Any = None) -> tuple[An
     """`lax.while_loop(cond, body)` where `step(state, observe)` returns
     `(new_state, info)` and calls `block = observe(state, block)` once the
     step's block is chosen, before it reads or updates anything with it.
-    With a `recorder` (gradients, `grad.py`) its tape rides along:
+    With a `recorder` (gradients, `grad/recorder.py`) its tape rides along:
     `recorder.before` reads the pre-step state there, and the block comes
     back data-dependent on what it wrote (every in-place update of the step
     depends on the block, so XLA reads first instead of copying the state);
@@ -394,7 +394,7 @@ class Machine:
     def run(self, consts: dict[str, Any], inv: dict[str, Any], batched_inputs: dict[str, Any],
             workspace: dict[str, Any], active: jax.Array | None = None, recorder: Any = None) -> tuple[Any, ...]:
         """`(result, status, workspace)`, and the tape last when a `recorder`
-        (gradients, `grad.py`) is given."""
+        (gradients, `grad/recorder.py`) is given."""
         light = [b for b in range(self.prog.num_blocks) if b not in self.heavy]
         branches = [self._light_branch(b, consts, inv) for b in light]
         if self.heavy:  # the switch's branch when a heavy block was chosen: nothing

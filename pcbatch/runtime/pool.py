@@ -313,7 +313,7 @@ class PoolMachine:
     def run(self, consts: dict[str, Any], inv: dict[str, Any], batched_inputs: dict[str, Any],
             workspace: dict[str, Any], active: jax.Array | None = None, recorder: Any = None) -> tuple[Any, ...]:
         """`(result, status, workspace)`, and the tape last when a `recorder`
-        (gradients, `grad.py`) is given."""
+        (gradients, `grad/recorder.py`) is given."""
         prog, B, col, M, N, K = self.prog, self.examples, self.col, self.lanes, self.width, self.fan
         nb = prog.num_blocks
         widths = self.widths

@@ -40,7 +40,7 @@ def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, conf
     returned one can be passed (donated) to the next call of the same shape.
     `active` (`[batch]` bool, default all): examples that are False start
     halted and run no block (the padding of a sharded batch).
-    A `recorder` (`grad.py`) makes it also return the gradient tape, last."""
+    A `recorder` (`grad/recorder.py`) makes it also return the gradient tape, last."""
     if workspace is None:
         workspace = new_workspace(prog, num_lanes, config)
     consts, inv = eval_prelude(prog, inputs)

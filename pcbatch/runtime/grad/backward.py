@@ -1,0 +1,193 @@
+"""The backward pass: a reverse loop over the tape."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pcbatch.ir.core import INVARIANT, Join
+from pcbatch.runtime.dtypes import index_dtype
+from pcbatch.runtime.block import block_dataflow
+from pcbatch.runtime.lanes import cast_to, gather_rows
+from pcbatch.runtime.grad.floats import add_ct, convert_ct, floats, is_float, row_mask, with_floats, zeros_of
+from pcbatch.runtime.grad.plan import BlockGrad, Plan
+
+tree_util = jax.tree_util
+tree_map = tree_util.tree_map
+
+
+class Backward:
+    """The reverse loop over a tape (see the module docstring)."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+
+    def block_vjp(self, g: BlockGrad, consts: dict[str, Any], inv: dict[str, Any], w: int):
+        """Block `g` on `w` taped rows: cotangents in, cotangents out (padded
+        to the widest bucket; out-of-range ids mark padding)."""
+        p, prog = self.plan, self.plan.prog
+        types, block = prog.var_types, prog.blocks[g.index]
+        M, B, N = p.lanes, p.examples, p.widths[-1]
+        float_writes = [s for s in g.writes if s in p.float_stacks]
+
+        def code(regs_in, tops, joined, inv_rows, cs):
+            def load(v: str) -> tuple[Any, bool]:
+                if v in cs:
+                    return cs[v], False
+                if v in inv_rows:
+                    return inv_rows[v], True
+                return regs_in[v], True
+
+            def join(op: Join) -> dict[str, Any]:
+                return {v: cast_to(joined[k], types[v], None) for k, v in enumerate(op.outs)}
+
+            env, pushed = block_dataflow(block, p.layout.stack_of, load, tops.__getitem__, join, types, w)
+            return [x for v in g.reg_out for x in floats(env[v])] + [x for s in float_writes for x in floats(pushed[s])]
+
+        def pad(x: jax.Array, fill: Any = 0) -> jax.Array:
+            n = N * x.shape[0] // w
+            if x.shape[0] == n:
+                return x
+            return jnp.concatenate([x, jnp.full((n - x.shape[0],) + x.shape[1:], fill, x.dtype)])
+
+        def run(rows_all: dict[str, Any], cot: dict[str, Any], acc: dict[str, Any], start: jax.Array, n: jax.Array):
+            rows = tree_map(lambda a: lax.dynamic_slice_in_dim(a, start, w), rows_all)
+            valid = jnp.arange(w) < n
+            # Padding rows repeat row 0 (a real one): no junk reaches the VJP.
+            rows = tree_map(lambda a: jnp.where(row_mask(valid, a), a, a[:1]), rows)
+            lane = jnp.where(valid, rows["lane"], M)
+            example = rows["example"]
+            cts = {v: [c.at[lane].get(mode="fill", fill_value=0) for c in cot[v]]
+                   for v in set(g.reg_in) | set(g.reg_out) | {a for _, _, a in g.spawn} if v in cot}
+            extra_inv: dict[str, list] = {}
+            extra_const: dict[str, list] = {}
+            kids = jnp.where(valid[:, None], rows["kids"], M) if "kids" in rows else None
+            spawned = jnp.where(valid[:, None], rows["spawned"], M) if "spawned" in rows else None
+            for k, prm, a in g.spawn:  # 1. children's parameters -> the parent's arguments
+                c = convert_ct([x.at[spawned[:, k]].get(mode="fill", fill_value=0) for x in cot[prm]], types[prm], types[a])
+                if a in cot:
+                    cts[a] = add_ct(cts[a], c)
+                elif prog.var_class[a] == INVARIANT:
+                    extra_inv[a] = add_ct(extra_inv.get(a) or zeros_of(types[a], (w,)), c)
+                else:
+                    extra_const[a] = add_ct(extra_const.get(a) or zeros_of(types[a], ()),
+                                          [None if x is None else jnp.sum(x, axis=0) for x in c])
+            # 2. what the block wrote
+            own = {s: jnp.where(valid, p.event_base[s, g.index] + start + jnp.arange(w, dtype=index_dtype()),
+                                p.events[s]) for s in float_writes}
+            ct_out = [x for v in g.reg_out for x in cts[v]] + [
+                x.at[own[s]].get(mode="fill", fill_value=0) for s in float_writes for x in acc[s]]
+            # 3. its VJP on the rows
+            inv_rows = {v: gather_rows(inv[v], example) for v in g.inv_in}
+            cs = {v: consts[v] for v in g.const_in}
+            primal = {"reg": rows["reg"], "top": rows["top"], "joined": rows.get("joined", ()),
+                      "inv": inv_rows, "const": cs}
+            diff = {k: {v: floats(x) for v, x in d.items()} if isinstance(d, dict) else [floats(x) for x in d]
+                    for k, d in primal.items()}
+
+            def f(dd):
+                full = {k: {v: with_floats(primal[k][v], dd[k][v]) for v in primal[k]}
+                        if isinstance(primal[k], dict) else tuple(with_floats(x, y) for x, y in zip(primal[k], dd[k]))
+                        for k in primal}
+                return code(full["reg"], full["top"], full["joined"], full["inv"], full["const"])
+
+            outs, pull = jax.vjp(f, diff)
+            (ct_in,) = pull([c.astype(o.dtype) for c, o in zip(ct_out, outs)])
+            out: dict[str, Any] = {"lane": pad(lane, M)}
+            regs = {}
+            for v, c in cts.items():
+                # An assigned register's old value was not read afterwards: its cotangent restarts at 0.
+                new = [jnp.zeros_like(x) for x in c] if v in g.reg_out else c
+                if v in ct_in["reg"]:
+                    new = add_ct(new, ct_in["reg"][v])
+                regs[v] = [pad(x) for x in new]
+            out["regs"] = regs
+            out["acc"] = {s: (pad(jnp.where(valid, rows["wid"][s], p.events[s]), p.events[s]),
+                              [pad(x) for x in ct_in["top"][s]]) for s in g.reads if s in p.float_stacks}
+            if g.join is not None:
+                out["join"] = [(pad(kids[:, k], M), [pad(x) for x in ct_in["joined"][k]])
+                               for k in range(len(g.join.rets))]
+            if g.spawn:
+                out["spawned"] = pad(spawned.reshape(-1), M)
+            ex = jnp.where(valid, example, B)
+            out["ex"] = pad(ex, B)
+            out["inv"] = {v: (pad(ex, B), [pad(x) for x in add_ct(ct_in["inv"].get(v) or zeros_of(types[v], (w,)),
+                                                                  extra_inv.get(v) or [None] * len(floats(types[v])))])
+                          for v in g.inv_in if is_float(types[v])}
+            out["const"] = {v: add_ct(ct_in["const"].get(v) or zeros_of(types[v], ()),
+                                    extra_const.get(v) or [None] * len(floats(types[v])))
+                            for v in g.const_in if is_float(types[v])}
+            return out
+
+        return run
+
+    def block_step(self, g: BlockGrad, consts: dict[str, Any], inv: dict[str, Any]):
+        """Applies block `g`'s VJP on its rows to the cotangent state."""
+        p = self.plan
+        runs = [self.block_vjp(g, consts, inv, w) for w in p.widths]
+        widths = jnp.asarray(p.widths)
+
+        def go(state: dict[str, Any], rows_all: dict[str, Any], start: jax.Array, n: jax.Array) -> dict[str, Any]:
+            which = jnp.minimum(jnp.searchsorted(widths, n), len(runs) - 1)
+            out = lax.switch(which, runs, rows_all, state["cot"], state["acc"], start, n)
+            cot, acc = dict(state["cot"]), dict(state["acc"])
+            lane = out["lane"]
+            for v, rows in out["regs"].items():
+                cot[v] = [c.at[lane].set(r, mode="drop") for c, r in zip(cot[v], rows)]
+            if "spawned" in out:  # the spawned lanes held someone else's values before
+                cot = {v: [c.at[out["spawned"]].set(0, mode="drop") for c in cs] for v, cs in cot.items()}
+            for (kid, vals), r in zip(out.get("join", []), g.join.rets if g.join is not None else ()):
+                if r in cot:
+                    cot[r] = [c.at[kid].add(x.astype(c.dtype), mode="drop") for c, x in zip(cot[r], vals)]
+            for s, (ids, vals) in out["acc"].items():
+                acc[s] = [a.at[ids].add(x.astype(a.dtype), mode="drop") for a, x in zip(acc[s], vals)]
+            ct_inv, ct_const = dict(state["inv"]), dict(state["const"])
+            for v, (ex, vals) in out["inv"].items():
+                ct_inv[v] = [a.at[ex].add(x.astype(a.dtype), mode="drop") for a, x in zip(ct_inv[v], vals)]
+            for v, vals in out["const"].items():
+                ct_const[v] = [a + x.astype(a.dtype) for a, x in zip(ct_const[v], vals)]
+            used_inv = {**state["used_inv"], **{v: state["used_inv"][v].at[out["ex"]].set(True, mode="drop")
+                                                 for v in g.inv_in}}
+            used_const = {**state["used_const"], **{v: jnp.ones((), bool) for v in g.const_in}}
+            return {**state, "cot": cot, "acc": acc, "inv": ct_inv, "const": ct_const, "used_inv": used_inv,
+                    "used_const": used_const}
+
+        return go
+
+    def run(self, consts: dict[str, Any], inv: dict[str, Any], tape: dict[str, Any], ct_result: list):
+        """Cotangents `(constants, invariants [examples], entry registers
+        [examples])` from the result's (float leaves, `[examples, ...]`), and
+        which invariants per example / constants the recorded blocks read."""
+        p, prog = self.plan, self.plan.prog
+        types, M, B = prog.var_types, p.lanes, p.examples
+        cot = {v: zeros_of(types[v], (M,)) for v in p.float_regs}
+        cot[prog.result] = [c.at[:B].set(x.astype(c.dtype)) for c, x in zip(cot[prog.result], ct_result)]
+        state = {
+            "t": jnp.minimum(tape["t"], p.log_size),
+            "cursor": tape["cursor"],
+            "cot": cot,
+            "acc": {s: zeros_of(p.layout.stacks[s], (p.events[s],)) for s in p.float_stacks},
+            "inv": {v: zeros_of(types[v], (B,)) for v in inv if is_float(types[v])},
+            "const": {v: zeros_of(types[v], ()) for v in consts if is_float(types[v])},
+            # which examples' invariants (and which constants) a recorded block read: see `masked_prelude`
+            "used_inv": {v: jnp.zeros((B,), bool) for v in inv},
+            "used_const": {v: jnp.zeros((), bool) for v in consts},
+        }
+        steps = [self.block_step(g, consts, inv) for g in p.blocks]
+        rows_all = tape["rows"]
+
+        def body(state):
+            t = state["t"] - 1
+            block, n = tape["log_block"][t], tape["log_count"][t]
+            start = state["cursor"][block] - n
+            state = {**state, "t": t, "cursor": state["cursor"].at[block].set(start)}
+            for g, go in zip(p.blocks, steps):
+                state = lax.cond(block == g.index, lambda s, r, a, m, go=go: go(s, r, a, m),
+                                 lambda s, r, a, m: s, state, rows_all[g.index], start, n)
+            return state
+
+        final = lax.while_loop(lambda s: s["t"] > 0, body, state)
+        regs = {v: [c[:B] for c in final["cot"][v]] for v in final["cot"]}
+        return final["const"], final["inv"], regs, (final["used_inv"], final["used_const"])

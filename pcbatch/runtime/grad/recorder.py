@@ -1,0 +1,106 @@
+"""The forward pass: appending each recorded step to the tape."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pcbatch.runtime.lanes import gather_rows
+from pcbatch.runtime.grad.plan import BlockGrad, Plan
+
+tree_util = jax.tree_util
+tree_map = tree_util.tree_map
+
+
+class Recorder:
+    """Appends each recorded step to the tape (`machine.while_loop_recorded`):
+    `before` the step updates anything, what its block reads; `after`, the
+    lanes a Fork spawned."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+
+    def init(self, state: dict[str, Any]) -> dict[str, Any]:
+        return self.plan.empty_tape()
+
+    def before(self, tape: dict[str, Any], pre: dict[str, Any], block: jax.Array) -> tuple[dict, dict]:
+        p = self.plan
+        ids = p.lanes_at(pre, block)  # the lanes the step runs, as the machine picks them
+        n = jnp.sum(ids < p.lanes, dtype=ids.dtype)
+        recorded = (jnp.asarray(p.dense)[block] >= 0) & (n > 0)  # the backward pads with row 0: a real one
+        tape = dict(tape)
+        t = tape["t"]
+        at = jnp.where(recorded, t, p.log_size)  # inert blocks, and past the log's end: dropped
+        tape["log_block"] = tape["log_block"].at[at].set(block, mode="drop")
+        tape["log_count"] = tape["log_count"].at[at].set(n, mode="drop")
+        tape["t"] = t + recorded
+        start = jnp.minimum(tape["cursor"][block], p.capacity)  # past capacity: overflowed, rows are junk
+        tape["cursor"] = tape["cursor"].at[block].add(jnp.where(recorded, n, 0))
+        if p.pool:
+            own = pre["lane"].at[ids].get(mode="fill", fill_value=0)
+            example = own[:, p.col["example"]]
+            sp = {s: own[:, p.col[f"sp:{s}"]] for s in p.layout.stacks}
+        else:
+            own, example = None, ids
+            sp = {s: pre["sps"][s].at[ids].get(mode="fill", fill_value=0) for s in p.layout.stacks}
+
+        def write(g: BlockGrad, w: int):
+            """Block g's rows for the first `w` lanes (a width bucket >= n)."""
+            def go(rows, writer):
+                lanes, ex = ids[:w], example[:w]
+                row: dict[str, Any] = {"lane": lanes, "example": ex,
+                                       "reg": {v: gather_rows(pre["regs"][v], lanes) for v in g.reg_in}}
+                slot = {s: jnp.maximum(sp[s][:w] - 1, 0) for s in g.reads}
+                row["top"] = {s: tree_map(lambda a: a.at[slot[s], lanes].get(mode="fill", fill_value=0),
+                                          pre["stacks"][s]) for s in g.reads}
+                row["wid"] = {s: writer[s].at[slot[s], lanes].get(mode="fill", fill_value=p.events[s])
+                              for s in g.reads if s in p.float_stacks}
+                if g.join is not None:
+                    kids = own[:w, p.kids]
+                    row["kids"] = kids
+                    row["joined"] = tuple(gather_rows(pre["regs"][r], kids[:, k]) for k, r in enumerate(g.join.rets))
+                rows = dict(rows)
+                for k, x in row.items():
+                    rows[k] = tree_map(lambda a, x: lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), start, 0),
+                                       rows[k], x)
+                writer = dict(writer)
+                for s in g.writes:
+                    if s in p.float_stacks:
+                        event = p.event_base[s, g.index] + start + jnp.arange(w, dtype=ids.dtype)
+                        writer[s] = writer[s].at[sp[s][:w] + g.offsets[s][1], lanes].set(event, mode="drop")
+                return rows, writer
+            return go
+
+        widths = jnp.asarray(p.widths)
+        which = jnp.minimum(jnp.searchsorted(widths, n), len(p.widths) - 1)
+
+        def bucketed(g: BlockGrad):
+            writes = [write(g, w) for w in p.widths]
+            return lambda r, wr: lax.switch(which, writes, r, wr) if len(writes) > 1 else writes[0](r, wr)
+
+        rows, writer = dict(tape["rows"]), tape["writer"]
+        dep = jnp.zeros((), ids.dtype)  # depends on every read below (see `while_loop_recorded`)
+        for g in p.blocks:
+            rows[g.index], writer = lax.cond(block == g.index, bucketed(g), lambda r, w: (r, w), rows[g.index], writer)
+            dep = dep | (rows[g.index]["lane"][0] & 0x40000000) | (ids[0] & 0x40000000)
+        for w in writer.values():
+            dep = dep | (w[0, 0] & 0x40000000)
+        tape["rows"], tape["writer"] = rows, writer
+        return tape, {"ids": ids, "start": start}, dep
+
+    def after(self, tape: dict[str, Any], taken: dict[str, Any], new: dict[str, Any], info: dict[str, Any]):
+        p, block = self.plan, info["block"]
+        forks = [g for g in p.blocks if g.spawn]
+        if not forks:
+            return tape
+        # A Fork's children: its rows of the lane table, after the step.
+        spawned = new["lane"].at[taken["ids"]].get(mode="fill", fill_value=p.lanes)[:, p.kids]
+        rows = dict(tape["rows"])
+        for g in forks:
+            rows[g.index] = lax.cond(
+                block == g.index,
+                lambda r: {**r, "spawned": lax.dynamic_update_slice_in_dim(r["spawned"], spawned, taken["start"], 0)},
+                lambda r: r, rows[g.index])
+        return {**tape, "rows": rows}
