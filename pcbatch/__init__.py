@@ -4,6 +4,8 @@ Write a recursive, control-heavy function for ONE example; decorate it with
 `@pcbatch.autobatch`; call it on a batch. It runs as a single `lax.while_loop`.
 """
 from pcbatch.api import Autobatched, autobatch
+from pcbatch.options import Options
+from pcbatch.runtime.options import Tuning
 from pcbatch.errors import (
     ArgumentError,
     ForwardModeError,
@@ -25,9 +27,11 @@ __all__ = [
     "ForwardModeError",
     "MaxStepsExceededError",
     "OptionError",
+    "Options",
     "PcbatchError",
     "StackOverflowError",
     "TapeOverflowError",
+    "Tuning",
     "TypeMismatchError",
     "UnsupportedSyntaxError",
     "autobatch",

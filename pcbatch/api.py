@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import time
 import types
 from typing import Any, Callable, Sequence
@@ -15,33 +16,21 @@ from jax.experimental import checkify
 from pcbatch import _context
 from pcbatch import sharding as _sharding
 from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, reference_call, target_of
-from pcbatch.errors import (ForwardModeError, Loc, MaxStepsExceededError, OptionError, StackOverflowError,
-                            UnsupportedSyntaxError)
+from pcbatch.compile import Cache, Executable, compile_program, machine_config, signature
+from pcbatch.errors import ForwardModeError, Loc, MaxStepsExceededError, OptionError, StackOverflowError, UnsupportedSyntaxError
 from pcbatch.frontend import BoundFunction, build_program
-from pcbatch.fsm import Fair, get_scheduler
+from pcbatch.fsm import get_scheduler
 from pcbatch.ir.core import Program, StackProgram
 from pcbatch.ir.interpret import Trace, run_stack_program
-from pcbatch.lower import lower, specialize
 from pcbatch.memory import LayoutReport, layout_program
-from pcbatch.runtime import MachineConfig, Status, run_machine
-from pcbatch.runtime.dtypes import index_dtype
+from pcbatch.options import Options
+from pcbatch.runtime import MachineConfig, Status
 from pcbatch.runtime.grad import Differentiable, TapeInfo, is_float
-from pcbatch.runtime.machine import StackLayout
 from pcbatch.runtime.run import new_workspace, trace_steps, workspace_shapes
 from pcbatch.runtime.steps import StepTrace
 
 tree_util = jax.tree_util
 
-# Fork-join defaults, from benchmarks/treelstm.py (see benchmarks/README.md):
-# lanes per example, capped so the stacks (every lane has max_stack_depth
-# frames) stay within a budget; lanes one step may run.
-# A step also costs time in proportion to the pool and the width, hence the caps.
-DEFAULT_LANES_PER_EXAMPLE = 128
-DEFAULT_MAX_LANES = 16384
-DEFAULT_STACK_BUDGET_BYTES = 1 << 30
-DEFAULT_WIDTH_PER_EXAMPLE = 16
-DEFAULT_MIN_WIDTH = 64
-DEFAULT_MAX_WIDTH = 2048
 # The overflow error replays a few examples in Python to say how deep they go.
 REPLAY_EXAMPLES = 3
 REPLAY_STEPS = 20_000
@@ -50,11 +39,6 @@ REPLAY_SECONDS = 2.0
 
 def _is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
-
-
-def _check_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise OptionError(name, f"must be a positive int, got {value!r}")
 
 
 def _differentiation(leaves: list[Any]) -> str | None:
@@ -88,51 +72,20 @@ class Autobatched:
     Array([ 2, 13,  3,  5], dtype=int32)
     """
 
-    def __init__(self, fn: Callable, *, in_axes: Any = 0, max_stack_depth: int = 64,
-                 max_steps: int | None = None, schedule: Any = "auto", fork: bool = True,
-                 max_lanes: int | None = None, lane_width: int | None = None, layout: bool | str = True,
-                 mesh: Any = None, axis_name: Any = None, tape_size: int | None = None):
+    def __init__(self, fn: Callable, options: Options | None = None, **changes: Any):
+        self.options = options.replace(**changes) if options is not None else Options.of(**changes)
         self.target = target_of(fn)
         check_signature(self.target)
-        check_in_axes(in_axes, self.target)
-        _check_int("max_stack_depth", max_stack_depth)
-        for name, value in (("max_steps", max_steps), ("max_lanes", max_lanes), ("lane_width", lane_width),
-                            ("tape_size", tape_size)):
-            if value is not None:
-                _check_int(name, value)
-        if layout not in (True, False, "all"):
-            raise OptionError("layout", f"must be True, False or 'all', got {layout!r}")
-        if not isinstance(fork, bool):
-            raise OptionError("fork", f"must be True or False, got {fork!r}")
+        check_in_axes(self.options.in_axes, self.target)
         functools.update_wrapper(self, self.target.fn)
         self.fn = self.target.fn  # the Python function whose source is converted
         self._original = fn
         self._bound_methods: dict[int, tuple[Any, Autobatched]] = {}
-        self.in_axes = in_axes
-        self.max_stack_depth = max_stack_depth
-        self.max_steps = max_steps
-        self.schedule = schedule
-        self.scheduler = get_scheduler(schedule)
-        self.fork = fork
-        self.max_lanes = max_lanes
-        self.lane_width = lane_width
-        if axis_name is not None and mesh is None:
-            raise OptionError("axis_name", "needs mesh= (the jax.sharding.Mesh whose axis it names)")
-        self.mesh, self.axis_name = mesh, axis_name
-        self._sharding = None if mesh is None else _sharding.BatchSharding.of(mesh, axis_name)
-        self.layout = layout
-        self.tape_size = tape_size
+        self.scheduler = get_scheduler(self.schedule)
+        self._sharding = None if self.mesh is None else _sharding.BatchSharding.of(self.mesh, self.axis_name)
         self.signature = self.target.signature
         self._program: Program | None = None
-        self._lowered: dict[tuple[bool, ...], StackProgram] = {}
-        self._compiled: dict[Any, tuple[StackProgram, Callable]] = {}
-        self._layout_reports: dict[Any, LayoutReport] = {}
-        # The last call's stacks per signature, donated to the next call: stacks
-        # are never read before written, so reusing them skips a zero fill.
-        self._workspaces: dict[Any, Any] = {}
-        # Per compiled runner: which inputs are shared; its gradients (runtime/grad/).
-        self._shared: dict[Any, tuple[bool, ...]] = {}
-        self._grads: dict[Any, Differentiable] = {}
+        self._cache = Cache()
         self.trace_count = 0  # machines traced so far; a cache hit does not add one
 
     def __repr__(self) -> str:
@@ -144,7 +97,7 @@ class Autobatched:
             return self
         cached = self._bound_methods.get(id(instance))
         if cached is None or cached[0] is not instance:
-            bound = Autobatched(types.MethodType(self._original, instance), **self._options())
+            bound = Autobatched(types.MethodType(self._original, instance), self.options)
             cached = self._bound_methods[id(instance)] = (instance, bound)
         return cached[1]
 
@@ -170,7 +123,7 @@ class Autobatched:
         """The stack program (Figure 4) for these arguments, with each variable's
         class (temporary / register / stacked / constant), type and stack shape."""
         prog, _, _, batch = self._prepare(self._bind(args, kwargs))
-        return dataclasses.replace(prog, lanes=self._config(prog, self._local_batch(batch))[0],
+        return dataclasses.replace(prog, lanes=machine_config(prog, self._local_batch(batch), self.options)[0],
                                    stack_depth=self.max_stack_depth)
 
     # --- calling ---------------------------------------------------------
@@ -211,8 +164,8 @@ class Autobatched:
         >>> power.tape_info(jnp.array([2.0, 3.0]), jnp.array([3, 40])).needed
         22
         """
-        prog, runner, inputs, batch = self._prepare(self._bind(args, kwargs))
-        return self._differentiable(prog, runner, batch).info(inputs)
+        exe, inputs = self._executable(self._bind(args, kwargs))
+        return self._differentiable(exe).info(inputs)
 
     def reference(self, *args: Any, **kwargs: Any) -> Any:
         """Run the original Python one example at a time (the test oracle)."""
@@ -261,10 +214,10 @@ class Autobatched:
         the PQ-tree, the order chosen, the constants packed before the loop and
         the planning time. `print` it; `pcbatch.viz.pq_tree(report[0].layout.tree)`
         draws a tree. With `layout=False` it says what the pass would do."""
-        prog, _, _, _ = self._prepare(self._bind(args, kwargs))
-        for key, (compiled, _) in self._compiled.items():
-            if compiled is prog and key in self._layout_reports:
-                return self._layout_reports[key]
+        exe, _ = self._executable(self._bind(args, kwargs))
+        if exe.layout_report is not None:
+            return exe.layout_report
+        prog = exe.prog
         with _context.in_building():
             report = layout_program(prog, "auto")[1]
         return dataclasses.replace(report, applied=False)
@@ -275,21 +228,13 @@ class Autobatched:
 
     def with_options(self, **options: Any) -> "Autobatched":
         """A copy with some of `autobatch`'s options changed, e.g.
-        `tree_lstm.with_options(fork=False)` for one lane per example."""
-        current = self._options()
-        unknown = set(options) - set(current)
-        if unknown:
-            raise OptionError(", ".join(sorted(unknown)), "unknown autobatch option(s)",
-                              f"the options are {', '.join(current)}.")
-        other = Autobatched(self._original, **{**current, **options})
-        if other.fork == self.fork:
-            other._program, other._lowered = self._program, self._lowered
+        `tree_lstm.with_options(fork=False)` for one lane per example
+        (a fresh compile cache)."""
+        other = Autobatched(self._original, self.options.replace(**options))
+        if other.fork == self.fork:  # the same block IR and lowered programs
+            other._program = self._program
+            other._cache.share_lowered(self._cache)
         return other
-
-    def _options(self) -> dict[str, Any]:
-        return dict(in_axes=self.in_axes, max_stack_depth=self.max_stack_depth, max_steps=self.max_steps,
-                    schedule=self.schedule, fork=self.fork, max_lanes=self.max_lanes, lane_width=self.lane_width,
-                    layout=self.layout, mesh=self.mesh, axis_name=self.axis_name, tape_size=self.tape_size)
 
     # --- internals -------------------------------------------------------
 
@@ -305,58 +250,32 @@ class Autobatched:
         """Example `i`'s inputs keyed by the program's entry parameters."""
         return dict(zip(prog.entry_params, bound.example(i).values()))
 
-    def _prepare(self, bound: Bound) -> tuple[StackProgram, Callable, dict[str, Any], int]:
+    def _executable(self, bound: Bound) -> tuple[Executable, dict[str, Any]]:
+        """The compiled machine for this call's signature (compiled on the
+        first call: `pcbatch.compile`), and its inputs by entry parameter."""
         params = list(bound.values)
         values = [bound.values[p] for p in params]
-        batch = bound.batch
         shared = tuple(not bound.batched[p] for p in params)
         sharding = _sharding.current(self._sharding)
         _sharding.check_global_inputs(sharding, tree_util.tree_leaves(values))
-        # index_dtype(): a machine built under jax_enable_x64 keeps int64 state (and workspace).
-        key = (shared, batch, sharding, index_dtype(), tuple(tree_util.tree_structure(v) for v in values),
-               tuple((np.shape(x), jnp.result_type(x)) for x in tree_util.tree_leaves(values)))
-        if key not in self._compiled:
-            if shared not in self._lowered:
-                self._lowered[shared] = lower(self.ir(), shared)
-            prog = self._lowered[shared]
-            types_ = {p: tree_util.tree_map(
-                          lambda x: jax.ShapeDtypeStruct(np.shape(x)[0 if s else 1:], jnp.result_type(x)), v)
-                      for p, v, s in zip(prog.entry_params, values, shared)}
-            with _context.in_building():
-                prog = specialize(prog, types_)
-                if self.layout:
-                    prog, self._layout_reports[key] = layout_program(prog, "all" if self.layout == "all" else "auto")
-            if sharding is None:
-                runner = jax.jit(functools.partial(self._machine, prog, batch), donate_argnums=(1,))
-            else:  # one machine per device (pcbatch/sharding.py)
-                runner = sharding.runner(functools.partial(self._machine, prog), batch,
-                                         dict(zip(prog.entry_params, shared)))
-            self._compiled[key] = (prog, runner)
-            self._shared[runner] = shared
-        prog, runner = self._compiled[key]
-        return prog, runner, dict(zip(prog.entry_params, values)), batch
+
+        def build() -> Executable:
+            lowered = self._cache.lowered(self.ir(), shared)
+            return compile_program(lowered, shared, values, bound.batch, self.options, sharding, self._traced)
+
+        exe = self._cache.executable(signature(shared, bound.batch, sharding, values), build)
+        return exe, dict(zip(exe.prog.entry_params, values))
+
+    def _traced(self) -> None:
+        self.trace_count += 1
+
+    def _prepare(self, bound: Bound) -> tuple[StackProgram, Callable, dict[str, Any], int]:
+        exe, inputs = self._executable(bound)
+        return exe.prog, exe.runner, inputs, bound.batch
 
     def _config(self, prog: StackProgram, batch: int) -> tuple[int, MachineConfig]:
-        """Machine lanes and settings for a batch (the lane pool only matters with forks)."""
-        if not prog.has_forks:
-            lanes = batch
-        elif self.max_lanes is not None:
-            lanes = max(self.max_lanes, batch)
-        else:
-            frame = index_dtype().itemsize + sum(x.size * x.dtype.itemsize  # the pc, then each stack's slot
-                                                 for x in tree_util.tree_leaves(StackLayout.of(prog).stacks))
-            affordable = DEFAULT_STACK_BUDGET_BYTES // (frame * self.max_stack_depth)
-            lanes = max(batch, min(DEFAULT_LANES_PER_EXAMPLE * batch, affordable, DEFAULT_MAX_LANES))
-        width = self.lane_width or max(DEFAULT_MIN_WIDTH, min(DEFAULT_WIDTH_PER_EXAMPLE * batch, DEFAULT_MAX_WIDTH))
-        # With a step bound, no example may starve another (one runaway must not spoil the batch).
-        scheduler = self.scheduler if self.max_steps is None else Fair(self.scheduler)
-        return lanes, MachineConfig(self.max_stack_depth, self.max_steps, scheduler, lanes, width)
-
-    def _machine(self, prog: StackProgram, batch: int, inputs: dict[str, Any], workspace: Any,
-                 active: Any = None) -> tuple[Any, Status, Any]:
-        self.trace_count += 1
-        with _context.in_building():
-            return run_machine(prog, inputs, batch, self._config(prog, batch)[1], workspace, active)
+        """Machine lanes and settings for a batch (`compile.machine_config`)."""
+        return machine_config(prog, batch, self.options)
 
     def _local_batch(self, batch: int) -> int:
         """Examples per machine: the batch, or its share per device when sharded."""
@@ -373,7 +292,8 @@ class Autobatched:
     def _run(self, bound: Bound, raise_errors: bool = False) -> tuple[Any, Status, StackProgram | None, int]:
         if bound.batch == 0:
             return (*self._run_empty(bound), None, 0)
-        prog, runner, inputs, batch = self._prepare(bound)
+        exe, inputs = self._executable(bound)
+        prog, batch = exe.prog, bound.batch
         leaves = tree_util.tree_leaves(inputs)
         tracing = any(_is_tracer(x) for x in leaves)
         mode = _differentiation(leaves)
@@ -382,14 +302,16 @@ class Autobatched:
         # Forward mode alone differentiates the plain machine (JAX's jvp of a while
         # loop); anything else that may be differentiated goes through the custom_vjp.
         if tracing and mode != "forward" and is_float(inputs):
-            result, status = self._run_differentiable(prog, runner, inputs, batch, bound, raise_errors)
+            result, status = self._run_differentiable(exe, inputs, bound, raise_errors)
             return result, status, prog, batch
-        workspace = None if tracing else self._workspaces.pop(runner, None)  # one per compiled signature
+        workspace = None
+        if not tracing:  # one per compiled signature, donated
+            workspace, exe.workspace = exe.workspace, None
         if workspace is None:
             workspace = self._new_workspace(prog, batch)
-        result, status, workspace = runner(inputs, workspace)
+        result, status, workspace = exe.runner(inputs, workspace)
         if not tracing:
-            self._workspaces[runner] = workspace
+            exe.workspace = workspace
         return result, status, prog, batch
 
     def _run_empty(self, bound: Bound) -> tuple[Any, Status]:
@@ -403,21 +325,23 @@ class Autobatched:
         shapes = jax.eval_shape(one, ones)
         return tree_util.tree_map(lambda s: jnp.zeros((0,) + s.shape[1:], s.dtype), shapes)
 
-    def _differentiable(self, prog: StackProgram, runner: Callable, batch: int) -> Differentiable:
-        if runner not in self._grads:
-            batched = frozenset(p for p, s in zip(prog.entry_params, self._shared[runner]) if not s)
-            self._grads[runner] = Differentiable(prog, batch, self._config(prog, batch)[1], batched, self.tape_size)
-        return self._grads[runner]
+    def _differentiable(self, exe: Executable) -> Differentiable:
+        if exe.differentiable is None:
+            batched = frozenset(p for p, s in zip(exe.prog.entry_params, exe.shared) if not s)
+            exe.differentiable = Differentiable(exe.prog, exe.batch, self._config(exe.prog, exe.batch)[1], batched,
+                                                self.tape_size)
+        return exe.differentiable
 
-    def _run_differentiable(self, prog: StackProgram, runner: Callable, inputs: dict[str, Any], batch: int,
-                            bound: Bound, raise_errors: bool) -> tuple[Any, Status]:
+    def _run_differentiable(self, exe: Executable, inputs: dict[str, Any], bound: Bound,
+                            raise_errors: bool) -> tuple[Any, Status]:
         """The machine under `grad.Differentiable`'s custom_vjp: the plain
         machine unless differentiated; then a recorded forward and a replayed
         backward. Errors of a concretely evaluated forward (eager `jax.grad`)
         are raised there."""
+        prog, batch = exe.prog, exe.batch
 
         def primal(inputs: dict[str, Any]) -> tuple[Any, Status]:
-            result, status, _ = runner(inputs, self._new_workspace(prog, batch))
+            result, status, _ = exe.runner(inputs, self._new_workspace(prog, batch))
             return result, status
 
         sharding = _sharding.current(self._sharding)
@@ -431,7 +355,7 @@ class Autobatched:
                 self._raise_for(status, prog, concrete)
 
         try:
-            result, status, need = self._differentiable(prog, runner, batch)(inputs, primal, check)
+            result, status, need = self._differentiable(exe)(inputs, primal, check)
         except TypeError as e:
             if "forward-mode" in str(e) and not isinstance(e, ForwardModeError):
                 raise ForwardModeError(self.__qualname__) from None
@@ -494,13 +418,13 @@ class Autobatched:
         return needed
 
 
-def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: int = 64,
-              max_steps: int | None = None, schedule: Any = "auto", fork: bool = True,
-              max_lanes: int | None = None, lane_width: int | None = None, layout: bool | str = True,
-              mesh: Any = None, axis_name: Any = None, tape_size: int | None = None) -> Any:
+def autobatch(fn: Callable | None = None, *, options: Options | None = None, **changes: Any) -> Any:
     """Batch a single-example function (recursion and control flow included).
 
     Usable as `@autobatch`, `@autobatch(in_axes=(0, None))` or `autobatch(f, ...)`.
+    The options below are the fields of `pcbatch.Options`; pass them as
+    keywords, or one `options=pcbatch.Options(...)` (keywords then change it).
+    A bad value or an unknown name raises `OptionError` at decoration.
 
     Args:
       in_axes: like `jax.vmap`: per argument `0` (batched along that axis) or
@@ -539,6 +463,9 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
         re-runs; inside `jit` the gradients are NaN and a checkify error
         names the size needed. Given explicitly, it does not grow
         (`TapeOverflowError`).
+      tuning: `pcbatch.Tuning`, the machine's speed/memory knobs (switch
+        vs in-place blocks, compiled widths, default pool and width); they
+        never change a result.
 
     >>> import jax.numpy as jnp, pcbatch
     >>> @pcbatch.autobatch
@@ -551,9 +478,17 @@ def autobatch(fn: Callable | None = None, *, in_axes: Any = 0, max_stack_depth: 
     >>> collatz(jnp.array([1, 6, 27]))
     Array([  0,   8, 111], dtype=int32)
     """
-    options = dict(in_axes=in_axes, max_stack_depth=max_stack_depth, max_steps=max_steps, schedule=schedule,
-                   fork=fork, max_lanes=max_lanes, lane_width=lane_width, layout=layout, mesh=mesh,
-                   axis_name=axis_name, tape_size=tape_size)
     if fn is None:
-        return lambda f: Autobatched(f, **options)
-    return Autobatched(fn, **options)
+        return lambda f: Autobatched(f, options, **changes)
+    return Autobatched(fn, options, **changes)
+
+
+# Each option reads as an attribute (`f.max_stack_depth`); the signature lists them.
+for _name in Options.names():
+    setattr(Autobatched, _name, property(lambda self, _n=_name: getattr(self.options, _n),
+                                         doc=f"The `{_name}` option (see `pcbatch.Options`)."))
+autobatch.__signature__ = inspect.Signature(
+    [inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+     inspect.Parameter("options", inspect.Parameter.KEYWORD_ONLY, default=None)]
+    + [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+       for f in dataclasses.fields(Options)])

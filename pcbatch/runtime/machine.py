@@ -28,6 +28,8 @@ from pcbatch.fsm.base import Frontier, Scheduler, bind
 from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.inplace import masked_update
+from pcbatch.runtime.options import Tuning
+from pcbatch.runtime.state import MachineState
 from pcbatch.runtime.lanes import cast_to, first_true, select_where, zeros_of
 from pcbatch.ir.core import (
     CONSTANT,
@@ -49,16 +51,6 @@ from pcbatch.ir.core import (
 
 tree_map = jax.tree_util.tree_map
 PC = "<pc>"  # the program-counter stack, handled like a variable's stack
-# A register or stack frame this large (bytes, all lanes together) is never
-# passed through the lax.switch: XLA copies every switch operand a branch
-# returns unchanged, so each step would copy it (twice). The blocks that touch
-# it run in place, each under a lax.cond (which costs a little per step).
-LARGE_REGISTER_BYTES = 16384
-# With more small register leaves than this, every block runs in place: the
-# switch's per-leaf copies (a kernel each) then cost more than a lax.cond per
-# block. Below it (e.g. fib, collatz) XLA runs the switch loop natively, a few
-# ns per step.
-SWITCH_MAX_LEAVES = 8
 
 
 class Status(NamedTuple):
@@ -83,6 +75,7 @@ class MachineConfig:
     scheduler: Scheduler
     max_lanes: int | None = None  # fork-join: the lane pool (default: the batch)
     lane_width: int | None = None  # fork-join: most lanes one step runs (default: the pool)
+    tuning: Tuning = Tuning()
 
 
 def _masked_plan(block: Block, types: Any, large: set[str]) -> tuple[dict[int, Any], set[str]]:
@@ -190,6 +183,7 @@ class Machine:
     def __init__(self, prog: StackProgram, num_lanes: int, config: MachineConfig):
         self.prog = prog
         self.lanes = self.width = num_lanes  # a step runs every lane waiting at its block
+        self.widths = config.tuning.widths(num_lanes)  # the gradient pass's row buckets
         self.depth = config.max_stack_depth
         self.max_steps = config.max_steps
         self.scheduler = bind(config.scheduler, prog)
@@ -209,14 +203,19 @@ class Machine:
         # small state (see `block_cond`).
         def nbytes(t: Any) -> int:
             return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(t))
-        self.large = large = {v for v in self.stored if nbytes(prog.var_types[v]) * num_lanes >= LARGE_REGISTER_BYTES}
-        large_stacks = {st for st, t in self.stacks.items() if nbytes(t) * num_lanes >= LARGE_REGISTER_BYTES}
+        # (A register that large would be copied by the switch every step, twice;
+        # with many small leaves, the switch's per-leaf copies cost more than a
+        # lax.cond per block. Below both, e.g. fib and collatz, XLA runs the
+        # switch loop natively, a few ns per step.)
+        large_bytes = config.tuning.large_register_bytes
+        self.large = large = {v for v in self.stored if nbytes(prog.var_types[v]) * num_lanes >= large_bytes}
+        large_stacks = {st for st, t in self.stacks.items() if nbytes(t) * num_lanes >= large_bytes}
         self.small = [v for v in self.stored if v not in large]
         small_leaves = sum(len(jax.tree_util.tree_leaves(prog.var_types[v])) for v in self.small)
         self.heavy = set()
         for b in range(prog.num_blocks):
             regs, _, popped, pushed = self._footprint(b)
-            if (small_leaves > SWITCH_MAX_LEAVES or large.intersection(regs)
+            if (small_leaves > config.tuning.switch_max_leaves or large.intersection(regs)
                     or large_stacks.intersection(popped + pushed)):
                 self.heavy.add(b)
         light = [b for b in range(prog.num_blocks) if b not in self.heavy]
@@ -232,7 +231,7 @@ class Machine:
         return self.layout.workspace_shapes(self.depth, self.lanes)
 
     def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any],
-             active: jax.Array | None = None) -> dict[str, Any]:
+             active: jax.Array | None = None) -> MachineState:
         L, types, idx = self.lanes, self.prog.var_types, index_dtype()
         regs = {v: zeros_of(types[v], (L,)) for v in self.stored}
         for v, x in batched_inputs.items():
@@ -241,23 +240,23 @@ class Machine:
         pc = jnp.full((L,), self.prog.entry_block, idx)
         if active is not None:  # padding examples start halted: they never run a block
             pc = jnp.where(active, pc, self.halt)
-        state = {
-            "pc": pc,
-            "regs": regs,
-            "stacks": dict(workspace["stacks"]),
-            "sps": {s: jnp.zeros((L,), idx) for s in self.stacks},
-            "depth": jnp.zeros((L,), idx),
-            "steps": jnp.zeros((), idx),
-            "sched": self.scheduler.init(self.prog.num_blocks, L),
-        }
-        if self.prog.has_calls:
-            state["pc_stack"] = workspace["pc_stack"]
-            state["pc_sp"] = jnp.ones((L,), idx)  # slot 0 belongs to the bottom frame and is never read
-        return state
+        calls = self.prog.has_calls
+        return MachineState(
+            pc=pc,
+            regs=regs,
+            stacks=dict(workspace["stacks"]),
+            sps={s: jnp.zeros((L,), idx) for s in self.stacks},
+            pc_stack=workspace["pc_stack"] if calls else None,
+            # slot 0 belongs to the bottom frame and is never read
+            pc_sp=jnp.ones((L,), idx) if calls else None,
+            depth=jnp.zeros((L,), idx),
+            steps=jnp.zeros((), idx),
+            sched=self.scheduler.init(self.prog.num_blocks, L),
+        )
 
-    def lanes_at(self, state: dict[str, Any], block: jax.Array) -> jax.Array:
+    def lanes_at(self, state: MachineState, block: jax.Array) -> jax.Array:
         """The lanes a step at `block` runs (all waiting there, by lane), then `lanes`."""
-        return first_true(state["pc"] == block, self.lanes)
+        return first_true(state.pc == block, self.lanes)
 
     # --- one block -------------------------------------------------------
     #
@@ -372,20 +371,17 @@ class Machine:
                     out[k] = sub[k]
             return out
 
-        def step(block: jax.Array, state: dict[str, Any]) -> dict[str, Any]:
-            sub = {"pc": state["pc"], "regs": {v: state["regs"][v] for v in regs_in},
-                   "sps": {s: state["sps"][s] for s in stacks_in},
-                   "stacks": {s: state["stacks"][s] for s in stacks_in}}
+        def step(block: jax.Array, state: MachineState) -> MachineState:
+            sub = {"pc": state.pc, "regs": {v: state.regs[v] for v in regs_in},
+                   "sps": {s: state.sps[s] for s in stacks_in},
+                   "stacks": {s: state.stacks[s] for s in stacks_in}}
             if pc_read or pc_write:
-                sub["pc_sp"] = state["pc_sp"]
-                sub["pc_stack"] = state["pc_stack"]
+                sub["pc_sp"] = state.pc_sp
+                sub["pc_stack"] = state.pc_stack
             out = lax.cond(block == b, true_fn, false_fn, sub)
-            new = {**state, "pc": out["pc"], "regs": {**state["regs"], **out["regs"]},
-                   "sps": {**state["sps"], **out["sps"]}, "stacks": {**state["stacks"], **out["stacks"]}}
-            for k in ("pc_sp", "pc_stack"):
-                if k in out:
-                    new[k] = out[k]
-            return new
+            return state._replace(pc=out["pc"], regs={**state.regs, **out["regs"]}, sps={**state.sps, **out["sps"]},
+                                  stacks={**state.stacks, **out["stacks"]},
+                                  pc_sp=out.get("pc_sp", state.pc_sp), pc_stack=out.get("pc_stack", state.pc_stack))
 
         return step
 
@@ -404,38 +400,39 @@ class Machine:
         in_place = [self.block_cond(b, consts, inv) for b in sorted(self.heavy)]
         halt, max_steps = self.halt, self.max_steps
 
-        def cond(state):
-            running = jnp.any(state["pc"] < halt)
-            return running if max_steps is None else running & (state["steps"] < max_steps)
+        def cond(state: MachineState):
+            running = jnp.any(state.pc < halt)
+            return running if max_steps is None else running & (state.steps < max_steps)
 
-        def step(state, observe):
-            pc = jnp.minimum(state["pc"], halt)  # every halted lane looks alike to schedulers
+        def step(state: MachineState, observe):
+            pc = jnp.minimum(state.pc, halt)  # every halted lane looks alike to schedulers
             counts = jnp.zeros((halt,), pc.dtype).at[pc].add(1, mode="drop")
-            block, sched = self.scheduler.choose(state["sched"], Frontier(pc, counts, state["depth"]))
+            block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, state.depth))
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
             if light:
                 state = self._switch_step(slot[block] if self.heavy else block, block, branches, state)
             for run_in_place in in_place:
                 state = run_in_place(block, state)
-            new = {**state, "sched": sched, "steps": state["steps"] + 1, "depth": state["depth"] + (pc == block)}
+            new = state._replace(sched=sched, steps=state.steps + 1, depth=state.depth + (pc == block))
             return new, {"block": block}
 
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)
-        result = final["regs"][self.prog.result]
-        pc = final["pc"]
-        status = Status(pc == self.overflowed, pc < self.halt, pc, final["steps"], final["depth"],
+        result = final.regs[self.prog.result]
+        pc = final.pc
+        status = Status(pc == self.overflowed, pc < self.halt, pc, final.steps, final.depth,
                         jnp.asarray(self.lanes, index_dtype()))
-        out = result, status, {"stacks": final["stacks"], "pc_stack": final.get("pc_stack", workspace["pc_stack"])}
+        pc_stack = final.pc_stack if final.pc_stack is not None else workspace["pc_stack"]
+        out = result, status, {"stacks": final.stacks, "pc_stack": pc_stack}
         return out if recorder is None else (*out, tape)
 
-    def _switch_step(self, index: jax.Array, block: jax.Array, branches: list, state: dict[str, Any]) -> dict[str, Any]:
+    def _switch_step(self, index: jax.Array, block: jax.Array, branches: list, state: MachineState) -> MachineState:
         """The light blocks: one `lax.switch` (branch `index`) over the small state."""
         lanes = self.lane_ids
-        stacks = dict(state["stacks"])
+        stacks = dict(state.stacks)
         if self.prog.has_calls:
-            stacks[PC] = state["pc_stack"]
-        lane_state = {"pc": state["pc"], "regs": {v: state["regs"][v] for v in self.small},
-                      "sps": state["sps"], **({"pc_sp": state["pc_sp"]} if "pc_sp" in state else {})}
+            stacks[PC] = state.pc_stack
+        lane_state = {"pc": state.pc, "regs": {v: state.regs[v] for v in self.small},
+                      "sps": state.sps, **({"pc_sp": state.pc_sp} if state.pc_sp is not None else {})}
         # Only the tops go into the switch: a whole stack there would be copied
         # every step (XLA cannot tell the branch's read precedes the scatter below).
         sps = {**lane_state["sps"], **({PC: lane_state["pc_sp"]} if PC in stacks else {})}
@@ -447,11 +444,9 @@ class Machine:
             stacks[v] = lax.cond(block_in(block, self.light_writers[v]),
                                  lambda a, r, x: tree_map(lambda s, y: s.at[r, lanes].set(y, mode="drop"), a, x),
                                  lambda a, r, x: a, stacks[v], row, value)
-        new = {**state, **lane_state, "regs": {**state["regs"], **lane_state["regs"]}}
-        if self.prog.has_calls:
-            new["pc_stack"] = stacks.pop(PC)
-        new["stacks"] = stacks
-        return new
+        pc_stack = stacks.pop(PC) if self.prog.has_calls else state.pc_stack
+        return state._replace(pc=lane_state["pc"], regs={**state.regs, **lane_state["regs"]}, sps=lane_state["sps"],
+                              pc_sp=lane_state.get("pc_sp", state.pc_sp), pc_stack=pc_stack, stacks=stacks)
 
     def _light_branch(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
         run = self.block_fn(b, consts, inv)

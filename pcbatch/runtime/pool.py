@@ -52,6 +52,7 @@ from pcbatch.ir.core import (
 )
 from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
+from pcbatch.runtime.state import FreeLanes, PoolState, Queues
 from pcbatch.runtime.lanes import cast_to, gather_rows, pad_rows, scatter_rows, zeros_of
 from pcbatch.runtime.machine import (
     MachineConfig,
@@ -104,13 +105,7 @@ class PoolMachine:
         self.examples = num_examples
         self.lanes = max(config.max_lanes or num_examples, num_examples)
         self.width = min(config.lane_width or self.lanes, self.lanes)
-        # Narrower copies of every block, halving down to 16 lanes, at most 4
-        # widths (each is another compiled copy of every block): a step pads
-        # at most 2x, where the widest steps do their heavy work. (Factor 4
-        # with the same count: 40% less Tree-LSTM throughput at H 64, batch 64.)
-        self.widths = [self.width]
-        while self.widths[0] // 2 >= 16 and len(self.widths) < 4:
-            self.widths.insert(0, self.widths[0] // 2)
+        self.widths = config.tuning.widths(self.width)  # narrower copies of every block
         self.depth = config.max_stack_depth
         self.max_steps = config.max_steps
         self.scheduler = bind(config.scheduler, prog)
@@ -150,7 +145,7 @@ class PoolMachine:
         return self.layout.workspace_shapes(self.depth, self.lanes)
 
     def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any],
-             active: jax.Array | None = None) -> dict[str, Any]:
+             active: jax.Array | None = None) -> PoolState:
         M, B, types, col, idx = self.lanes, self.examples, self.prog.var_types, self.col, index_dtype()
         nb = self.prog.num_blocks
         regs = {v: zeros_of(types[v], (M,)) for v in self.stored}
@@ -166,44 +161,45 @@ class PoolMachine:
         slot = jnp.where(running, jnp.cumsum(running, dtype=idx) - 1, M)
         # The free stack's top is its last slot: lane B is taken first.
         free_lanes = jnp.zeros((M,), idx).at[:M - B].set(jnp.arange(M - 1, B - 1, -1, dtype=idx))
-        return {
-            "pc": jnp.full((M,), self.free, idx).at[:B].set(jnp.where(running, entry, self.halt)),
-            "lane": lane,
-            "regs": regs,
-            "stacks": dict(workspace["stacks"]),  # never read before written: no zero fill
-            "pc_stack": workspace["pc_stack"],
-            "queue": jnp.zeros((nb, M), idx).at[entry, slot].set(examples, mode="drop"),
-            "head": jnp.zeros((nb,), idx),
-            "count": jnp.zeros((nb,), idx).at[entry].set(jnp.sum(running, dtype=idx)),
-            "free_lanes": free_lanes,
-            "free_top": jnp.asarray(M - B, idx),
-            "claim": jnp.zeros((M,), idx),  # scratch: read only where written in the same step
-            "work": jnp.zeros((B,), idx),  # blocks run by all of an example's lanes
-            "peak": jnp.asarray(B, idx),
-            "steps": jnp.zeros((), idx),
-            "sched": self.scheduler.init(nb, M),
-        }
+        queues = Queues(jnp.zeros((nb, M), idx).at[entry, slot].set(examples, mode="drop"), jnp.zeros((nb,), idx),
+                        jnp.zeros((nb,), idx).at[entry].set(jnp.sum(running, dtype=idx)))
+        return PoolState(
+            pc=jnp.full((M,), self.free, idx).at[:B].set(jnp.where(running, entry, self.halt)),
+            lane=lane,
+            regs=regs,
+            stacks=dict(workspace["stacks"]),  # never read before written: no zero fill
+            pc_stack=workspace["pc_stack"],
+            queues=queues,
+            free=FreeLanes(free_lanes, jnp.asarray(M - B, idx)),
+            claim=jnp.zeros((M,), idx),  # scratch: read only where written in the same step
+            work=jnp.zeros((B,), idx),
+            peak=jnp.asarray(B, idx),
+            steps=jnp.zeros((), idx),
+            sched=self.scheduler.init(nb, M),
+        )
 
-    def lanes_at(self, state: dict[str, Any], block: jax.Array) -> jax.Array:
+    def lanes_at(self, state: PoolState, block: jax.Array) -> jax.Array:
         """The lanes a step at `block` runs: the first `width` of its queue, in
         order, then `lanes` (none)."""
-        M, W = self.lanes, self.width
-        k = jnp.arange(W, dtype=state["head"].dtype)
-        ids = state["queue"][block, (state["head"][block] + k) % M]
-        return jnp.where(k < state["count"][block], ids, M)
+        M, W, q = self.lanes, self.width, state.queues
+        k = jnp.arange(W, dtype=q.head.dtype)
+        ids = q.lanes[block, (q.head[block] + k) % M]
+        return jnp.where(k < q.count[block], ids, M)
 
     # --- one block on a compacted batch -----------------------------------
 
     def block_fn(self, b: int, consts: dict[str, Any], inv: dict[str, Any], W: int):
-        """Block `b` on (up to) `W` of its lanes; every output padded to `self.width` rows."""
+        """Block `b` on (up to) `W` of its lanes; every output padded to `self.width` rows.
+        `view`: the lanes to run (`ids`, `n` of them), the free lanes a Fork may
+        take (`free`, `free_top`) and the pool's arrays it reads."""
         prog, block, types, col = self.prog, self.prog.blocks[b], self.prog.var_types, self.col
         M, D, K, N, nb = self.lanes, self.depth, self.fan, self.width, prog.num_blocks
         idx = index_dtype()
 
-        def run(state: dict[str, Any]) -> dict[str, Any]:
-            ids = state["ids"][:W]
+        def run(view: dict[str, Any]) -> dict[str, Any]:
+            ids = view["ids"][:W]
             valid = ids < M
-            own = state["lane"].at[ids].get(mode="fill", fill_value=0)
+            own = view["lane"].at[ids].get(mode="fill", fill_value=0)
             get = lambda name: own[:, col[name]]  # noqa: E731
             sps = {s: get(f"sp:{s}") for s in self.stacks}
             changes: dict[str, jax.Array] = {"depth": get("depth") + 1}
@@ -221,23 +217,23 @@ class PoolMachine:
                     if prog.var_class[v] == INVARIANT:  # stored once per example
                         loaded[v] = gather_rows(inv[v], get("example"))
                     else:
-                        loaded[v] = gather_rows(state["regs"][v], ids)
+                        loaded[v] = gather_rows(view["regs"][v], ids)
                 return loaded[v], True
 
             def top(s: str) -> Any:
                 return tree_map(lambda a: a.at[jnp.maximum(sps[s] - 1, 0), ids].get(mode="fill", fill_value=0),
-                                state["stacks"][s])
+                                view["stacks"][s])
 
             def join(op: Join) -> dict[str, Any]:
                 kids = own[:, self.kids]
-                return {v: cast_to(gather_rows(state["regs"][r], kids[:, k]), types[v], None)
+                return {v: cast_to(gather_rows(view["regs"][r], kids[:, k]), types[v], None)
                         for k, (v, r) in enumerate(zip(op.outs, op.rets))}
 
             child = get("parent") >= 0
             pc_sp = get("pc_sp")
             pc_top = None
             if isinstance(block.term, Return):
-                pc_top = state["pc_stack"].at[jnp.maximum(pc_sp - 1, 0), ids].get(mode="fill", fill_value=self.halt)
+                pc_top = view["pc_stack"].at[jnp.maximum(pc_sp - 1, 0), ids].get(mode="fill", fill_value=self.halt)
             ran = execute(block, self.stack_of, self.stacks, types, load, top, join,
                           Rows(valid, sps, pc_sp, pc_top, child), self.codes, D, W)
             stack_writes = ran.stack_writes
@@ -248,7 +244,7 @@ class PoolMachine:
             if block.ops and isinstance(block.ops[0], Join):
                 kids = own[:, self.kids]
                 for k in range(len(block.ops[0].rets)):
-                    changes["poison"] = changes["poison"] | state["lane"].at[kids[:, k], col["poison"]].get(
+                    changes["poison"] = changes["poison"] | view["lane"].at[kids[:, k], col["poison"]].get(
                         mode="fill", fill_value=0)
                 freed = jnp.where(valid[:, None], kids, M).reshape(-1)
 
@@ -256,10 +252,10 @@ class PoolMachine:
             kid_dest = jnp.full((W * K,), nb, idx)
             if isinstance(term, Fork):
                 k = len(term.calls)
-                room = state["free_top"] // k
+                room = view["free_top"] // k
                 can = valid & (jnp.arange(W, dtype=idx) < room)  # valid rows come first, in order
                 used = jnp.sum(can, dtype=idx) * k
-                kids = jnp.where(can[:, None], state["free"][:W * k].reshape(W, k), M)
+                kids = jnp.where(can[:, None], view["free"][:W * k].reshape(W, k), M)
                 kids = jnp.pad(kids, ((0, 0), (0, K - k)), constant_values=M)
                 own = own.at[:, self.kids].set(kids)
                 changes["pending"] = jnp.where(can, k, get("pending"))
@@ -333,61 +329,60 @@ class PoolMachine:
         branches = [branch(b) for b in range(nb)]
         halt, max_steps = self.halt, self.max_steps
 
-        def cond(state):
-            running = jnp.any(state["count"] > 0)  # a blocked parent has a child on some queue
-            return running if max_steps is None else running & (state["steps"] < max_steps)
+        def cond(state: PoolState):
+            running = jnp.any(state.queues.count > 0)  # a blocked parent has a child on some queue
+            return running if max_steps is None else running & (state.steps < max_steps)
 
-        def enqueue(queue, head, count, lanes, dest, rank, added):
+        def enqueue(queues: Queues, lanes, dest, rank, added) -> Queues:
             """Append `lanes` to the queues `dest` (rows elsewhere are dropped)
             at their `rank`s; `added` counts them per block."""
             to = jnp.minimum(dest, nb - 1)
-            pos = (head[to] + count[to] + rank) % M
-            return queue.at[dest, pos].set(lanes, mode="drop"), count + added
+            pos = (queues.head[to] + queues.count[to] + rank) % M
+            return queues._replace(lanes=queues.lanes.at[dest, pos].set(lanes, mode="drop"),
+                                   count=queues.count + added)
 
-        def step(state, observe):
-            pc, count = state["pc"], state["count"]
+        def step(state: PoolState, observe):
+            pc, queues = state.pc, state.queues
+            count = queues.count
             # Only the schedulers that look at every lane read these (XLA drops them otherwise).
             sched_pc = jnp.where((pc >= 0) & (pc < halt), pc, halt)
-            depth = state["lane"][:, col["depth"]]
-            block, sched = self.scheduler.choose(state["sched"], Frontier(sched_pc, count, depth, jnp.argmax(count > 0)))
+            depth = state.lane[:, col["depth"]]
+            block, sched = self.scheduler.choose(state.sched, Frontier(sched_pc, count, depth, jnp.argmax(count > 0)))
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
             n = jnp.minimum(count[block], N)
             ids = self.lanes_at(state, block)
-            head = state["head"].at[block].set((state["head"][block] + n) % M)
-            count = count.at[block].add(-n)
-            free_top = state["free_top"]
+            queues = Queues(queues.lanes, queues.head.at[block].set((queues.head[block] + n) % M),
+                            count.at[block].add(-n))
+            free_top = state.free.top
             j = jnp.arange(N * K, dtype=pc.dtype)
-            free = jnp.where(j < free_top, state["free_lanes"][jnp.maximum(free_top - 1 - j, 0)], M)
-            view = {k: state[k] for k in ("lane", "regs", "stacks", "pc_stack")}
-            view.update(ids=ids, n=n, free=free, free_top=free_top)
+            free = jnp.where(j < free_top, state.free.lanes[jnp.maximum(free_top - 1 - j, 0)], M)
+            view = {"lane": state.lane, "regs": state.regs, "stacks": state.stacks, "pc_stack": state.pc_stack,
+                    "ids": ids, "n": n, "free": free, "free_top": free_top}
             out = lax.switch(block, branches, view)
-            new = dict(state)
-            lane = state["lane"].at[ids].set(out["lane"], mode="drop")
-            new["work"] = state["work"].at[jnp.where(ids < M, out["lane"][:, col["example"]], B)].add(
-                1, mode="drop")
-            regs = dict(state["regs"])
+            lane = state.lane.at[ids].set(out["lane"], mode="drop")
+            work = state.work.at[jnp.where(ids < M, out["lane"][:, col["example"]], B)].add(1, mode="drop")
+            regs = dict(state.regs)
             for v, vals in out["regs"].items():
                 regs[v] = lax.cond(block_in(block, self.writers[v]), lambda r, x: scatter_rows(r, ids, x),
                                    lambda r, x: r, regs[v], vals)
-            stacks = dict(state["stacks"])
+            stacks = dict(state.stacks)
             for s, value in out["stack_values"].items():
                 stacks[s] = lax.cond(block_in(block, self.stack_writers[s]),
                                      lambda a, r, x: tree_map(lambda y, z: y.at[r, ids].set(z, mode="drop"), a, x),
                                      lambda a, r, x: a, stacks[s], out["stack_rows"][s], value)
             row, value = out["pc_row"], out["pc_value"]
-            new["pc_stack"] = lax.cond(block_in(block, self.pushjumps),
-                                       lambda a: a.at[row, ids].set(value, mode="drop"), lambda a: a, state["pc_stack"])
+            pc_stack = lax.cond(block_in(block, self.pushjumps),
+                                lambda a: a.at[row, ids].set(value, mode="drop"), lambda a: a, state.pc_stack)
             kid = out["spawn_lanes"]
             pc = pc.at[ids].set(out["pc"], mode="drop").at[kid].set(out["spawn_starts"], mode="drop")
-            queue, count = enqueue(state["queue"], head, count, jnp.concatenate([ids, kid]),
-                                   out["dest"], out["rank"], out["added"])
+            queues = enqueue(queues, jnp.concatenate([ids, kid]), out["dest"], out["rank"], out["added"])
             # Free lanes: a Fork's children were popped off the top; a Join's go back on.
             free_top = free_top - out["used"]
             freed = out["freed"]
             back = freed < M
             slot = jnp.where(back, free_top + jnp.cumsum(back, dtype=pc.dtype) - 1, M)
-            free_lanes = state["free_lanes"].at[slot].set(freed, mode="drop")
-            free_top = free_top + jnp.sum(back, dtype=pc.dtype)
+            free = FreeLanes(state.free.lanes.at[slot].set(freed, mode="drop"),
+                             free_top + jnp.sum(back, dtype=pc.dtype))
             pc = pc.at[freed].set(self.free, mode="drop")
             lane = lane.at[kid].set(out["spawn_rows"], mode="drop")
             src, example = out["spawn_rows"][:, col["parent"]], out["spawn_rows"][:, col["example"]]
@@ -402,25 +397,25 @@ class PoolMachine:
             # the depth/agenda schedulers) is the longest path through them.
             lane = lane.at[parent, col["depth"]].max(out["lane"][:, col["depth"]], mode="drop")
             r = jnp.arange(N, dtype=pc.dtype)
-            claim = state["claim"].at[parent].set(r, mode="drop")  # one of the siblings speaks for the parent
+            claim = state.claim.at[parent].set(r, mode="drop")  # one of the siblings speaks for the parent
             woke = ((parent < M) & (claim.at[parent].get(mode="fill", fill_value=-1) == r)
                     & (lane.at[parent, col["pending"]].get(mode="fill", fill_value=1) == 0))
             join = -1 - pc.at[parent].get(mode="fill", fill_value=0)
             dest = jnp.where(woke, join, nb)
             rank, added = ranks_by(dest, self.joins, nb)
-            queue, count = enqueue(queue, head, count, parent, dest, rank, added)
+            queues = enqueue(queues, parent, dest, rank, added)
             pc = pc.at[jnp.where(woke, parent, M)].set(join, mode="drop")
-            new.update(pc=pc, lane=lane, regs=regs, stacks=stacks, sched=sched, steps=state["steps"] + 1,
-                       queue=queue, head=head, count=count, free_lanes=free_lanes, free_top=free_top, claim=claim,
-                       peak=jnp.maximum(state["peak"], M - free_top))
+            new = PoolState(pc=pc, lane=lane, regs=regs, stacks=stacks, pc_stack=pc_stack, queues=queues, free=free,
+                            claim=claim, work=work, peak=jnp.maximum(state.peak, M - free.top),
+                            steps=state.steps + 1, sched=sched)
             return new, {"block": block, "out": out}
 
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)
-        result = tree_map(lambda a: a[:B], final["regs"][prog.result])
-        pc = final["pc"][:B]
-        overflow = (pc == self.overflowed) | (final["lane"][:B, col["poison"]] != 0)
-        status = Status(overflow, (pc < halt) & ~overflow, pc, final["steps"], final["work"], final["peak"])
-        out = result, status, {"stacks": final["stacks"], "pc_stack": final["pc_stack"]}
+        result = tree_map(lambda a: a[:B], final.regs[prog.result])
+        pc = final.pc[:B]
+        overflow = (pc == self.overflowed) | (final.lane[:B, col["poison"]] != 0)
+        status = Status(overflow, (pc < halt) & ~overflow, pc, final.steps, final.work, final.peak)
+        out = result, status, {"stacks": final.stacks, "pc_stack": final.pc_stack}
         return out if recorder is None else (*out, tape)
 
     def _spawn_params(self, term: Fork, consts: dict[str, Any], inv: dict[str, Any], kid: jax.Array,

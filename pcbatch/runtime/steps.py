@@ -36,12 +36,12 @@ class StepRecorder:
                 "lanes": jnp.zeros((self.size,), idx),
                 "counts": jnp.zeros((self.size, self.num_blocks), idx)}
         if self.per_lane:
-            tape["pc"] = jnp.zeros((self.size,) + state["pc"].shape, idx)
-            tape["ran"] = jnp.zeros((self.size,) + state["pc"].shape, bool)
+            tape["pc"] = jnp.zeros((self.size,) + state.pc.shape, idx)
+            tape["ran"] = jnp.zeros((self.size,) + state.pc.shape, bool)
         return tape
 
     def before(self, tape: dict[str, jax.Array], pre: dict[str, Any], block: jax.Array):
-        nb, pc = self.num_blocks, pre["pc"]
+        nb, pc = self.num_blocks, pre.pc
         # Ready lanes wait at a block; halted, done, free and blocked lanes sit outside [0, nb).
         counts = jnp.zeros((nb,), pc.dtype).at[jnp.where((pc >= 0) & (pc < nb), pc, nb)].add(1, mode="drop")
         t = tape["t"]

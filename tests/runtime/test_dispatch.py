@@ -3,7 +3,7 @@
 `Machine` runs a block either in the shared `lax.switch` (small state) or in
 place under a `lax.cond` of its own (blocks touching large registers or
 stack frames; every block when there are many small register leaves). The
-thresholds are module constants; here they are forced so that each program
+thresholds are `pcbatch.Tuning` options; here they are forced so that each program
 runs all-switch, all-cond and mixed, and every way must equal the original
 Python run example by example. `runtime/inplace.py` folds the lane mask into
 `buf.at[i].set(v)` / `dynamic_update_slice` on large registers; its programs
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
 from corpus import CASES_BY_NAME  # noqa: E402
 from test_corpus import assert_same  # noqa: E402
 
-MODES = {  # (LARGE_REGISTER_BYTES, SWITCH_MAX_LEAVES)
+MODES = {  # (Tuning.large_register_bytes, Tuning.switch_max_leaves)
     "switch": (1 << 40, 1 << 20),
     "conds": (1, -1),
     "mixed": (64, 1 << 20),  # only blocks touching a register of >= 64 bytes (all lanes) run in place
@@ -37,11 +37,13 @@ MODES = {  # (LARGE_REGISTER_BYTES, SWITCH_MAX_LEAVES)
 
 
 @pytest.fixture(params=sorted(MODES))
-def mode(request, monkeypatch):
-    large, leaves = MODES[request.param]
-    monkeypatch.setattr(machine, "LARGE_REGISTER_BYTES", large)
-    monkeypatch.setattr(machine, "SWITCH_MAX_LEAVES", leaves)
+def mode(request):
     return request.param
+
+
+def in_mode(f: pcbatch.Autobatched, mode: str) -> pcbatch.Autobatched:
+    large, leaves = MODES[mode]
+    return f.with_options(tuning=pcbatch.Tuning(large_register_bytes=large, switch_max_leaves=leaves))
 
 
 def _heavy(f, *args) -> set[int]:
@@ -58,7 +60,7 @@ PROGRAMS = ["fib", "ack", "is_even", "loop_mix", "digit_stats", "bsearch_rec", "
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_corpus_programs_in_every_mode(name, mode):
     case = CASES_BY_NAME[name]
-    f = case.fn.with_options()  # a fresh compile cache: the thresholds are read when tracing
+    f = in_mode(case.fn, mode)
     args = case.args(list(case.divergent))
     assert_same(case, f(*args), case.fn.reference(*args))
     heavy = _heavy(f, *args)
@@ -103,7 +105,7 @@ def saved_rows(x, depth):
 def test_masked_rows_match_python(mode):
     x = jax.random.normal(jax.random.PRNGKey(0), (5, DIM))
     n = jnp.array([0, 1, 4, 9, 7])
-    f = record.with_options()
+    f = in_mode(record, mode)
     for a, b in zip(f(x, n), record.reference(x, n)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
@@ -111,7 +113,7 @@ def test_masked_rows_match_python(mode):
 def test_masked_rows_saved_across_calls_match_python(mode):
     x = jax.random.normal(jax.random.PRNGKey(1), (4, DIM))
     d = jnp.array([0, 1, 3, 5])
-    f = saved_rows.with_options()
+    f = in_mode(saved_rows, mode)
     np.testing.assert_allclose(f(x, d), saved_rows.reference(x, d), rtol=1e-5, atol=1e-5)
 
 

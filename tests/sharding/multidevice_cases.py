@@ -19,6 +19,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import pcbatch
+from pcbatch.runtime import run_machine
 from benchmarks.sharding import collectives, compiled_text
 from pcbatch import data
 from pcbatch.errors import MaxStepsExceededError, StackOverflowError
@@ -104,7 +105,7 @@ def padding_blocks(fn, mesh, *args):
     prog, _, inputs, batch = fn._prepare(fn._bind(args, {}))
 
     def machine(local, inputs, workspace, active):
-        result, status, workspace = fn._machine(prog, local, inputs, workspace, active)
+        result, status, workspace = run_machine(prog, inputs, local, fn._config(prog, local)[1], workspace, active)
         return result, status._replace(peak_lanes=jnp.sum(jnp.where(active, 0, status.blocks_run))), workspace
 
     shared = {p: not b for p, b in zip(prog.entry_params, fn._bind(args, {}).batched.values())}
@@ -175,7 +176,7 @@ def test_under_jit_and_cache():
 
 
 def assert_workspace_per_device(fn, *args):
-    ws = fn._workspaces[fn._prepare(fn._bind(args, {}))[1]]   # the last call's, kept for the next call of this signature
+    ws = fn._executable(fn._bind(args, {}))[0].workspace   # the last call's, kept for the next call of this signature
     for leaf in tree_leaves(ws):
         assert leaf.shape[0] == 4 and not leaf.is_deleted()
         assert sorted(s.index[0].start for s in leaf.addressable_shards) == [0, 1, 2, 3]

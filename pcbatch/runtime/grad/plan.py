@@ -85,13 +85,10 @@ class Plan:
         self.depth = machine.depth
         self.rec_width = machine.width if self.pool else machine.lanes  # rows one recorded step writes
         self.lanes_at = machine.lanes_at
+        self.widths = list(machine.widths)  # row buckets: the pool's widths, or halving from all lanes
         if self.pool:
-            self.widths = list(machine.widths)
             self.fan, self.col, self.kids = machine.fan, machine.col, machine.kids
-        else:  # buckets halving from all lanes, as the lane pool's
-            self.widths = [machine.lanes]
-            while self.widths[0] // 2 >= 16 and len(self.widths) < 4:
-                self.widths.insert(0, self.widths[0] // 2)
+        else:
             self.fan = 1
         types = prog.var_types
         stored = set(machine.stored)

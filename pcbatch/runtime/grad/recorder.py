@@ -39,28 +39,28 @@ class Recorder:
         start = jnp.minimum(tape["cursor"][block], p.capacity)  # past capacity: overflowed, rows are junk
         tape["cursor"] = tape["cursor"].at[block].add(jnp.where(recorded, n, 0))
         if p.pool:
-            own = pre["lane"].at[ids].get(mode="fill", fill_value=0)
+            own = pre.lane.at[ids].get(mode="fill", fill_value=0)
             example = own[:, p.col["example"]]
             sp = {s: own[:, p.col[f"sp:{s}"]] for s in p.layout.stacks}
         else:
             own, example = None, ids
-            sp = {s: pre["sps"][s].at[ids].get(mode="fill", fill_value=0) for s in p.layout.stacks}
+            sp = {s: pre.sps[s].at[ids].get(mode="fill", fill_value=0) for s in p.layout.stacks}
 
         def write(g: BlockGrad, w: int):
             """Block g's rows for the first `w` lanes (a width bucket >= n)."""
             def go(rows, writer):
                 lanes, ex = ids[:w], example[:w]
                 row: dict[str, Any] = {"lane": lanes, "example": ex,
-                                       "reg": {v: gather_rows(pre["regs"][v], lanes) for v in g.reg_in}}
+                                       "reg": {v: gather_rows(pre.regs[v], lanes) for v in g.reg_in}}
                 slot = {s: jnp.maximum(sp[s][:w] - 1, 0) for s in g.reads}
                 row["top"] = {s: tree_map(lambda a: a.at[slot[s], lanes].get(mode="fill", fill_value=0),
-                                          pre["stacks"][s]) for s in g.reads}
+                                          pre.stacks[s]) for s in g.reads}
                 row["wid"] = {s: writer[s].at[slot[s], lanes].get(mode="fill", fill_value=p.events[s])
                               for s in g.reads if s in p.float_stacks}
                 if g.join is not None:
                     kids = own[:w, p.kids]
                     row["kids"] = kids
-                    row["joined"] = tuple(gather_rows(pre["regs"][r], kids[:, k]) for k, r in enumerate(g.join.rets))
+                    row["joined"] = tuple(gather_rows(pre.regs[r], kids[:, k]) for k, r in enumerate(g.join.rets))
                 rows = dict(rows)
                 for k, x in row.items():
                     rows[k] = tree_map(lambda a, x: lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), start, 0),
@@ -96,7 +96,7 @@ class Recorder:
         if not forks:
             return tape
         # A Fork's children: its rows of the lane table, after the step.
-        spawned = new["lane"].at[taken["ids"]].get(mode="fill", fill_value=p.lanes)[:, p.kids]
+        spawned = new.lane.at[taken["ids"]].get(mode="fill", fill_value=p.lanes)[:, p.kids]
         rows = dict(tape["rows"])
         for g in forks:
             rows[g.index] = lax.cond(

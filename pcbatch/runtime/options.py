@@ -1,0 +1,74 @@
+"""The machine's tuning knobs: one frozen, validated object passed down.
+
+None of them changes a result, only how fast and in how much memory it comes.
+`pcbatch.autobatch(..., tuning=pcbatch.Tuning(...))` sets them per function.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from pcbatch.errors import OptionError
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How the machine is built (defaults measured by `benchmarks/`).
+
+    large_register_bytes: a register or stack frame this large (bytes, all
+        lanes together) never passes through the step's `lax.switch` (XLA
+        copies every switch operand a branch returns unchanged); the blocks
+        that touch it run in place, each under a `lax.cond`.
+    switch_max_leaves: with more small register leaves than this, every
+        block runs in place (the switch's per-leaf copies then cost more than
+        a `lax.cond` per block; -1: every block runs in place).
+    max_widths, min_width: the fork-join pool compiles every block at up to
+        `max_widths` lane widths, halving from the widest down to no fewer
+        than `min_width` lanes; a step runs at the narrowest that holds its
+        lanes (each width is another compiled copy of every block).
+    lanes_per_example, max_pool_lanes, pool_stack_bytes: the default lane
+        pool (`max_lanes=None`): this many lanes per example, at most
+        `max_pool_lanes`, fewer if the stacks would pass `pool_stack_bytes`.
+    width_per_example, min_lane_width, max_lane_width: the default lane
+        width (`lane_width=None`): per example, within these bounds.
+
+    >>> import pcbatch
+    >>> pcbatch.Tuning(max_widths=2).widths(256)
+    [128, 256]
+    """
+
+    large_register_bytes: int = 16384
+    switch_max_leaves: int = 8
+    max_widths: int = 4
+    min_width: int = 16
+    lanes_per_example: int = 128
+    max_pool_lanes: int = 16384
+    pool_stack_bytes: int = 1 << 30
+    width_per_example: int = 16
+    min_lane_width: int = 64
+    max_lane_width: int = 2048
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            low = -1 if f.name == "switch_max_leaves" else 0
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise OptionError(f"tuning.{f.name}", f"must be an int >= {low}, got {value!r}",
+                                  f"the default is {f.default}.")
+        for name in ("max_widths", "min_width", "lanes_per_example", "max_pool_lanes", "width_per_example",
+                     "min_lane_width", "max_lane_width"):
+            if getattr(self, name) < 1:
+                raise OptionError(f"tuning.{name}", f"must be at least 1, got {getattr(self, name)}")
+        if self.min_lane_width > self.max_lane_width:
+            raise OptionError("tuning.min_lane_width", f"is more than max_lane_width ({self.min_lane_width} > "
+                              f"{self.max_lane_width})")
+
+    def widths(self, widest: int) -> list[int]:
+        """The compiled widths for a widest step of `widest` lanes, ascending:
+        a step pads at most 2x (factor 4 at the same count: 40% less
+        Tree-LSTM throughput at H 64, batch 64)."""
+        out = [widest]
+        while out[0] // 2 >= self.min_width and len(out) < self.max_widths:
+            out.insert(0, out[0] // 2)
+        return out

@@ -1,0 +1,77 @@
+"""The machines' loop state: typed pytrees with named fields.
+
+Integer fields hold `dtypes.index_dtype()` (int32, or int64 under
+`jax_enable_x64`); registers and stacks hold the program's own types
+(`StackProgram.var_types`). Every field is fixed in shape for the whole loop.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+
+
+class MachineState(NamedTuple):
+    """The plain machine (`machine.py`): lane i runs example i.
+
+    pc:       [L] block each lane waits at; `halt`/`overflowed` when done.
+    regs:     {var: [L, ...]} registers (values crossing a block boundary).
+    stacks:   {stack: [D, L, ...]} saved variables; `sps` their pointers.
+    pc_stack: [D, L] return addresses and `pc_sp` its pointer (None without calls).
+    depth:    [L] blocks each lane has run (the depth schedulers' key).
+    steps:    steps taken; `sched` the scheduler's own carry.
+    """
+
+    pc: jax.Array
+    regs: dict[str, Any]
+    stacks: dict[str, Any]
+    sps: dict[str, jax.Array]
+    pc_stack: jax.Array | None
+    pc_sp: jax.Array | None
+    depth: jax.Array
+    steps: jax.Array
+    sched: Any
+
+
+class Queues(NamedTuple):
+    """Per block, a ring of the lanes waiting there: `lanes[block, M]` from
+    `head[block]`, `count[block]` of them."""
+
+    lanes: jax.Array
+    head: jax.Array
+    count: jax.Array
+
+
+class FreeLanes(NamedTuple):
+    """The free lanes, a stack: `lanes[:top]`, the last one taken first."""
+
+    lanes: jax.Array
+    top: jax.Array
+
+
+class PoolState(NamedTuple):
+    """The fork-join machine (`pool.py`) on a pool of `M` lanes.
+
+    pc:       [M] block each lane waits at, `-1 - join` while it waits for
+              its children, or halt/overflowed/done/free.
+    lane:     [M, C] each lane's small integers (see `PoolMachine.col`).
+    regs, stacks, pc_stack: as `MachineState`, one slot per lane.
+    queues:   the lanes waiting at each block (`Queues`).
+    free:     the free lanes (`FreeLanes`).
+    claim:    [M] scratch: which of a step's rows speaks for a parent.
+    work:     [B] blocks run by all of an example's lanes.
+    peak:     the most lanes in use at once; `steps`, `sched` as `MachineState`.
+    """
+
+    pc: jax.Array
+    lane: jax.Array
+    regs: dict[str, Any]
+    stacks: dict[str, Any]
+    pc_stack: jax.Array
+    queues: Queues
+    free: FreeLanes
+    claim: jax.Array
+    work: jax.Array
+    peak: jax.Array
+    steps: jax.Array
+    sched: Any

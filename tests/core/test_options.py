@@ -1,0 +1,91 @@
+"""`pcbatch.Options` and `pcbatch.Tuning`: validated once, named errors, and
+the same results whichever way the options are given."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pcbatch
+
+
+def fib(n):
+    if n <= 1:
+        return n
+    return fib(n - 1) + fib(n - 2)
+
+
+def fib_py(n: int) -> int:
+    return n if n <= 1 else fib_py(n - 1) + fib_py(n - 2)
+
+
+X = jnp.array([0, 1, 5, 9, 3])
+WANT = np.array([fib_py(int(n)) for n in X])
+
+
+@pytest.mark.parametrize("bad, option", [
+    (dict(max_stack_depth=0), "max_stack_depth"),
+    (dict(max_steps=-3), "max_steps"),
+    (dict(max_lanes=2.5), "max_lanes"),
+    (dict(lane_width=True), "lane_width"),
+    (dict(tape_size="big"), "tape_size"),
+    (dict(layout="some"), "layout"),
+    (dict(layout=1), "layout"),
+    (dict(fork=1), "fork"),
+    (dict(axis_name="batch"), "axis_name"),
+    (dict(schedule="fastest"), "schedule"),
+    (dict(tuning={"max_widths": 2}), "tuning"),
+])
+def test_bad_option_is_a_named_error_at_decoration(bad, option):
+    with pytest.raises(pcbatch.OptionError) as e:
+        pcbatch.autobatch(fib, **bad)
+    assert e.value.option == option
+    with pytest.raises(pcbatch.OptionError):
+        pcbatch.Options(**bad)
+
+
+def test_unknown_option_names_the_closest():
+    with pytest.raises(pcbatch.OptionError, match="did you mean max_stack_depth") as e:
+        pcbatch.autobatch(fib, max_stak_depth=8)
+    assert e.value.option == "max_stak_depth"
+    with pytest.raises(pcbatch.OptionError, match="unknown"):
+        pcbatch.autobatch(fib).with_options(lanes=4)
+
+
+@pytest.mark.parametrize("bad", [dict(max_widths=0), dict(min_width=-1), dict(switch_max_leaves=-2),
+                                 dict(min_lane_width=4096), dict(large_register_bytes=1.5)])
+def test_bad_tuning_is_a_named_error(bad):
+    with pytest.raises(pcbatch.OptionError, match="tuning"):
+        pcbatch.Tuning(**bad)
+
+
+def test_tuning_widths_halve_to_the_minimum():
+    assert pcbatch.Tuning().widths(256) == [32, 64, 128, 256]
+    assert pcbatch.Tuning(max_widths=2).widths(256) == [128, 256]
+    assert pcbatch.Tuning(min_width=100).widths(256) == [128, 256]
+    assert pcbatch.Tuning().widths(20) == [20]
+
+
+def test_options_object_keywords_and_with_options_agree():
+    opts = pcbatch.Options(max_stack_depth=16, fork=False)
+    by_object = pcbatch.autobatch(fib, options=opts)
+    by_keywords = pcbatch.autobatch(fib, max_stack_depth=16, fork=False)
+    changed = pcbatch.autobatch(fib, options=opts, max_stack_depth=32)
+    assert by_object.options.max_stack_depth == 16 and not by_object.fork
+    assert changed.max_stack_depth == 32 and not changed.fork
+    assert by_object.with_options(fork=True).fork and not by_object.fork  # a copy; the original is unchanged
+    for f in (by_object, by_keywords, changed, by_object.with_options(fork=True)):
+        np.testing.assert_array_equal(f(X), WANT)
+    assert opts.replace(max_steps=5).max_steps == 5 and opts.max_steps is None
+
+
+@pytest.mark.parametrize("tuning", [
+    pcbatch.Tuning(max_widths=1),
+    pcbatch.Tuning(min_width=1, max_widths=8),
+    pcbatch.Tuning(large_register_bytes=1, switch_max_leaves=-1),
+    pcbatch.Tuning(lanes_per_example=2, width_per_example=1, min_lane_width=1),
+])
+def test_tuning_never_changes_results(tuning):
+    for fork in (True, False):
+        f = pcbatch.autobatch(fib, fork=fork, tuning=tuning)
+        np.testing.assert_array_equal(f(X), WANT)
