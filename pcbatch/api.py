@@ -354,12 +354,7 @@ class Autobatched:
                 concrete = Bound({p: inputs[q] for q, p in names.items()}, bound.batched, batch)
                 self._raise_for(status, prog, concrete)
 
-        try:
-            result, status, need = self._differentiable(exe)(inputs, primal, check)
-        except TypeError as e:
-            if "forward-mode" in str(e) and not isinstance(e, ForwardModeError):
-                raise ForwardModeError(self.__qualname__) from None
-            raise
+        result, status, need = self._differentiable(exe)(inputs, primal, check)
         # A tape that overflowed inside jit could not grow: its gradients are NaN.
         checkify.check(need == 0, "pcbatch: the gradient tape overflowed; pass tape_size={need} or more to "
                        "pcbatch.autobatch (rows per block per example; see f.tape_info)", need=need, debug=True)

@@ -49,6 +49,20 @@ class FreeLanes(NamedTuple):
     top: jax.Array
 
 
+class Tape(NamedTuple):
+    """The gradient tape (`grad/`): recorded steps `log_block[t]`,
+    `log_count[t]` (`t` of them), per recorded block its rows (`rows[block]`,
+    `cursor[block]` of them) and, forward only, the event id each float
+    stack slot holds (`writer`; None once the forward is done)."""
+
+    t: jax.Array
+    log_block: jax.Array
+    log_count: jax.Array
+    cursor: jax.Array
+    rows: dict[int, Any]
+    writer: dict[str, jax.Array] | None
+
+
 class PoolState(NamedTuple):
     """The fork-join machine (`pool.py`) on a pool of `M` lanes.
 

@@ -165,8 +165,8 @@ class Backward:
         cot = {v: zeros_of(types[v], (M,)) for v in p.float_regs}
         cot[prog.result] = [c.at[:B].set(x.astype(c.dtype)) for c, x in zip(cot[prog.result], ct_result)]
         state = {
-            "t": jnp.minimum(tape["t"], p.log_size),
-            "cursor": tape["cursor"],
+            "t": jnp.minimum(tape.t, p.log_size),
+            "cursor": tape.cursor,
             "cot": cot,
             "acc": {s: zeros_of(p.layout.stacks[s], (p.events[s],)) for s in p.float_stacks},
             "inv": {v: zeros_of(types[v], (B,)) for v in inv if is_float(types[v])},
@@ -176,11 +176,11 @@ class Backward:
             "used_const": {v: jnp.zeros((), bool) for v in consts},
         }
         steps = [self.block_step(g, consts, inv) for g in p.blocks]
-        rows_all = tape["rows"]
+        rows_all = tape.rows
 
         def body(state):
             t = state["t"] - 1
-            block, n = tape["log_block"][t], tape["log_count"][t]
+            block, n = tape.log_block[t], tape.log_count[t]
             start = state["cursor"][block] - n
             state = {**state, "t": t, "cursor": state["cursor"].at[block].set(start)}
             for g, go in zip(p.blocks, steps):

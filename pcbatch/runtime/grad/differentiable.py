@@ -71,7 +71,7 @@ class Differentiable:
 
             def forward(inputs):
                 result, status, _, tape = run_machine(prog, inputs, lanes, config, recorder=Recorder(plan))
-                del tape["writer"]  # only the forward needs it
+                tape = tape._replace(writer=None)  # only the forward needs it
                 return result, status, tape
 
             self._compiled[tape_size] = (plan, jax.jit(forward), jax.jit(lambda i, t, c: self._backward(plan, i, t, c)))
@@ -80,12 +80,12 @@ class Differentiable:
     def info(self, inputs: dict[str, Any]) -> TapeInfo:
         plan, forward, _ = self.compiled(self.tape_size)
         _, status, tape = forward(inputs)
-        cursor = np.asarray(tape["cursor"])
+        cursor = np.asarray(tape.cursor)
         rows = {g.index: int(cursor[g.index]) for g in plan.blocks}
         row_bytes = {g.index: _nbytes(plan.row_types(g)) for g in plan.blocks}
         word = index_dtype().itemsize
         fixed = plan.depth * plan.lanes * word * len(plan.float_stacks)  # the event ids of the stacks' slots
-        steps = int(tape["t"])
+        steps = int(tape.t)
         used = sum(rows[b] * row_bytes[b] for b in rows) + 2 * word * steps + fixed
         allocated = (sum((plan.capacity + plan.rec_width) * row_bytes[b] for b in rows) + 2 * word * plan.log_size
                      + fixed)
@@ -166,8 +166,8 @@ class Differentiable:
 
 def _needed_traced(plan: Plan, tape: dict[str, Any]) -> jax.Array:
     """`Plan.needed` on a traced tape."""
-    rows = jnp.max(tape["cursor"][jnp.asarray([g.index for g in plan.blocks] or [0])])
-    per_block = jnp.maximum(rows, -(-tape["t"] // max(1, len(plan.blocks))))
+    rows = jnp.max(tape.cursor[jnp.asarray([g.index for g in plan.blocks] or [0])])
+    per_block = jnp.maximum(rows, -(-tape.t // max(1, len(plan.blocks))))
     return jnp.maximum(1, -(-per_block // plan.examples))
 
 

@@ -11,6 +11,7 @@ from jax import lax
 
 from pcbatch.ir.core import CONSTANT, INVARIANT, Fork, Join, StackProgram, op_reads, op_writes
 from pcbatch.runtime.dtypes import index_dtype
+from pcbatch.runtime.state import Tape
 from pcbatch.runtime.block import stack_offsets
 from pcbatch.runtime.machine import Machine
 from pcbatch.runtime.pool import PoolMachine
@@ -133,27 +134,27 @@ class Plan:
             row["spawned"] = jax.ShapeDtypeStruct((self.fan,), idx.dtype)
         return row
 
-    def empty_tape(self) -> dict[str, Any]:
+    def empty_tape(self) -> Tape:
         rows, idx = self.capacity + self.rec_width, index_dtype()
-        return {
-            "t": jnp.zeros((), idx),
+        return Tape(
+            t=jnp.zeros((), idx),
             # Never read before written (padding rows are replaced): uninitialized where the backend allows.
-            "log_block": lax.empty((self.log_size,), idx),
-            "log_count": lax.empty((self.log_size,), idx),
-            "cursor": jnp.zeros((self.prog.num_blocks,), idx),
-            "rows": {g.index: tree_map(lambda s: lax.empty((rows,) + s.shape, s.dtype), self.row_types(g))
+            log_block=lax.empty((self.log_size,), idx),
+            log_count=lax.empty((self.log_size,), idx),
+            cursor=jnp.zeros((self.prog.num_blocks,), idx),
+            rows={g.index: tree_map(lambda s: lax.empty((rows,) + s.shape, s.dtype), self.row_types(g))
                      for g in self.blocks},
             # the event whose value each slot of each float stack holds (none: out of range)
-            "writer": {s: jnp.full((self.depth, self.lanes), self.events[s], idx) for s in self.float_stacks},
-        }
+            writer={s: jnp.full((self.depth, self.lanes), self.events[s], idx) for s in self.float_stacks},
+        )
 
     @staticmethod
     def overflowed(tape: dict[str, Any], capacity: int, log_size: int) -> jax.Array:
-        return (tape["t"] > log_size) | jnp.any(tape["cursor"] > capacity)
+        return (tape.t > log_size) | jnp.any(tape.cursor > capacity)
 
     def needed(self, tape: dict[str, Any]) -> int:
         """The smallest `tape_size` (rows per block per example) that holds this run."""
-        rows = int(np.max(np.asarray(tape["cursor"])[[g.index for g in self.blocks]], initial=0))
-        steps = int(tape["t"])
+        rows = int(np.max(np.asarray(tape.cursor)[[g.index for g in self.blocks]], initial=0))
+        steps = int(tape.t)
         per_block = max(rows, -(-steps // max(1, len(self.blocks))))
         return max(1, -(-per_block // self.examples))

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pcbatch.runtime.lanes import gather_rows
+from pcbatch.runtime.state import Tape
 from pcbatch.runtime.grad.plan import BlockGrad, Plan
 
 tree_util = jax.tree_util
@@ -22,22 +23,20 @@ class Recorder:
     def __init__(self, plan: Plan):
         self.plan = plan
 
-    def init(self, state: dict[str, Any]) -> dict[str, Any]:
+    def init(self, state: Any) -> Tape:
         return self.plan.empty_tape()
 
-    def before(self, tape: dict[str, Any], pre: dict[str, Any], block: jax.Array) -> tuple[dict, dict]:
+    def before(self, tape: Tape, pre: Any, block: jax.Array) -> tuple[Tape, dict, jax.Array]:
         p = self.plan
         ids = p.lanes_at(pre, block)  # the lanes the step runs, as the machine picks them
         n = jnp.sum(ids < p.lanes, dtype=ids.dtype)
         recorded = (jnp.asarray(p.dense)[block] >= 0) & (n > 0)  # the backward pads with row 0: a real one
-        tape = dict(tape)
-        t = tape["t"]
+        t = tape.t
         at = jnp.where(recorded, t, p.log_size)  # inert blocks, and past the log's end: dropped
-        tape["log_block"] = tape["log_block"].at[at].set(block, mode="drop")
-        tape["log_count"] = tape["log_count"].at[at].set(n, mode="drop")
-        tape["t"] = t + recorded
-        start = jnp.minimum(tape["cursor"][block], p.capacity)  # past capacity: overflowed, rows are junk
-        tape["cursor"] = tape["cursor"].at[block].add(jnp.where(recorded, n, 0))
+        start = jnp.minimum(tape.cursor[block], p.capacity)  # past capacity: overflowed, rows are junk
+        tape = tape._replace(log_block=tape.log_block.at[at].set(block, mode="drop"),
+                             log_count=tape.log_count.at[at].set(n, mode="drop"), t=t + recorded,
+                             cursor=tape.cursor.at[block].add(jnp.where(recorded, n, 0)))
         if p.pool:
             own = pre.lane.at[ids].get(mode="fill", fill_value=0)
             example = own[:, p.col["example"]]
@@ -80,27 +79,27 @@ class Recorder:
             writes = [write(g, w) for w in p.widths]
             return lambda r, wr: lax.switch(which, writes, r, wr) if len(writes) > 1 else writes[0](r, wr)
 
-        rows, writer = dict(tape["rows"]), tape["writer"]
+        rows, writer = dict(tape.rows), tape.writer
         dep = jnp.zeros((), ids.dtype)  # depends on every read below (see `while_loop_recorded`)
         for g in p.blocks:
             rows[g.index], writer = lax.cond(block == g.index, bucketed(g), lambda r, w: (r, w), rows[g.index], writer)
             dep = dep | (rows[g.index]["lane"][0] & 0x40000000) | (ids[0] & 0x40000000)
         for w in writer.values():
             dep = dep | (w[0, 0] & 0x40000000)
-        tape["rows"], tape["writer"] = rows, writer
+        tape = tape._replace(rows=rows, writer=writer)
         return tape, {"ids": ids, "start": start}, dep
 
-    def after(self, tape: dict[str, Any], taken: dict[str, Any], new: dict[str, Any], info: dict[str, Any]):
+    def after(self, tape: Tape, taken: dict[str, Any], new: Any, info: dict[str, Any]) -> Tape:
         p, block = self.plan, info["block"]
         forks = [g for g in p.blocks if g.spawn]
         if not forks:
             return tape
         # A Fork's children: its rows of the lane table, after the step.
         spawned = new.lane.at[taken["ids"]].get(mode="fill", fill_value=p.lanes)[:, p.kids]
-        rows = dict(tape["rows"])
+        rows = dict(tape.rows)
         for g in forks:
             rows[g.index] = lax.cond(
                 block == g.index,
                 lambda r: {**r, "spawned": lax.dynamic_update_slice_in_dim(r["spawned"], spawned, taken["start"], 0)},
                 lambda r: r, rows[g.index])
-        return {**tape, "rows": rows}
+        return tape._replace(rows=rows)
