@@ -4,7 +4,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 
@@ -118,7 +118,7 @@ def _format_op(op: Op, names: _Names) -> str:
     return f"{kind} {names(op.var)}"
 
 
-def _format_term(term: Terminator, names: _Names) -> str:
+def _format_term(term: Terminator, names: _Names, function_of: Sequence[str] | None = None) -> str:
     if isinstance(term, Jump):
         return f"jump b{term.target}"
     if isinstance(term, Branch):
@@ -131,16 +131,18 @@ def _format_term(term: Terminator, names: _Names) -> str:
         def child(c) -> str:
             if isinstance(c, Call):
                 return f"{names(c.out)} = {c.callee}({', '.join(names(a) for a in c.args)})"
-            return f"b{c.target}({', '.join(f'{names(p)}={names(a)}' for p, a in zip(c.params, c.args))})"
+            args = ", ".join(f"{names(p)}={names(a)}" for p, a in zip(c.params, c.args))
+            # A lowered child starts at a block: name the function it is an entry of.
+            return f"{function_of[c.target]}({args}) @b{c.target}" if function_of else f"b{c.target}({args})"
         return f"fork [{'; '.join(child(c) for c in term.calls)}] join b{term.join}, else sequential b{term.seq}"
     raise TypeError(term)
 
 
-def _format_block(index: int, block: Block, names: _Names) -> list[str]:
+def _format_block(index: int, block: Block, names: _Names, function_of: Sequence[str] | None = None) -> list[str]:
     where = f"   # {block.loc}" if block.loc else ""
     lines = [f"  b{index} ({block.label}):{where}"]
     lines += [f"    {_format_op(op, names)}" for op in block.ops]
-    lines.append(f"    {_format_term(block.term, names)}")
+    lines.append(f"    {_format_term(block.term, names, function_of)}")
     return lines
 
 
@@ -181,7 +183,7 @@ def format_stack_program(prog: StackProgram) -> str:
         out += [f"    {_format_op(op, _Names(None, types))}" for op in prog.prelude]
     for i, block in enumerate(prog.blocks):
         owner = prog.block_function[i] if prog.block_function else None
-        out += _format_block(i, block, _Names(owner, types))
+        out += _format_block(i, block, _Names(owner, types), prog.block_function or None)
     return "\n".join(out) + "\n"
 
 

@@ -190,3 +190,17 @@ def test_conditional_expression_is_computed_into_its_target():
     assert len(prims) == 7, prims
     n = jnp.array([1, 6, 27, 7])
     np.testing.assert_array_equal(collatz_ifexp(n), collatz_ifexp.reference(n))
+
+
+@pcbatch.autobatch
+def fib_fork(n):
+    if n <= 1:
+        return n
+    return fib_fork(n - 1) + fib_fork(n - 2)
+
+
+def test_lowered_fork_names_the_function_each_child_calls():
+    listing = str(fib_fork.lowered(jnp.arange(4)))
+    fork = next(line.strip() for line in listing.splitlines() if line.strip().startswith("fork ["))
+    assert re.fullmatch(r"fork \[fib_fork\(n=\w+\) @b0; fib_fork\(n=\w+\) @b0\] join b\d+, else sequential b\d+",
+                        fork), fork
