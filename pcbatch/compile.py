@@ -28,7 +28,7 @@ from pcbatch.options import Options
 from pcbatch.runtime import MachineConfig, Status, run_machine
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.grad import Differentiable
-from pcbatch.runtime.machine import StackLayout
+from pcbatch.runtime.stacks import StackLayout
 
 tree_util = jax.tree_util
 

@@ -15,8 +15,7 @@ Here lane i runs example i. Programs with forks run on the lane pool of
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import functools
 
@@ -24,11 +23,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pcbatch.fsm.base import Frontier, Scheduler, bind
+from pcbatch.fsm.base import Frontier, bind
 from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.inplace import masked_update
-from pcbatch.runtime.options import Tuning
+from pcbatch.runtime.config import MachineConfig, Status
+from pcbatch.runtime.loop import block_in, while_loop_recorded
+from pcbatch.runtime.stacks import StackLayout
 from pcbatch.runtime.state import MachineState
 from pcbatch.runtime.lanes import cast_to, first_true, select_where, zeros_of
 from pcbatch.ir.core import (
@@ -51,31 +52,6 @@ from pcbatch.ir.core import (
 
 tree_map = jax.tree_util.tree_map
 PC = "<pc>"  # the program-counter stack, handled like a variable's stack
-
-
-class Status(NamedTuple):
-    """How each example ended: `overflow` (recursion deeper than the stacks),
-    `unfinished` (still running when `max_steps` ran out), the final pc of its
-    root lane (`-1 - b` while it waits for forked calls before block b), the
-    number of VM steps taken, the blocks run by all of each example's lanes,
-    and the most lanes in use at once (fork-join; otherwise the batch size)."""
-
-    overflow: jax.Array
-    unfinished: jax.Array
-    pc: jax.Array
-    steps: jax.Array
-    blocks_run: jax.Array
-    peak_lanes: jax.Array
-
-
-@dataclass(frozen=True)
-class MachineConfig:
-    max_stack_depth: int
-    max_steps: int | None
-    scheduler: Scheduler
-    max_lanes: int | None = None  # fork-join: the lane pool (default: the batch)
-    lane_width: int | None = None  # fork-join: most lanes one step runs (default: the pool)
-    tuning: Tuning = Tuning()
 
 
 def _masked_plan(block: Block, types: Any, large: set[str]) -> tuple[dict[int, Any], set[str]]:
@@ -105,76 +81,6 @@ def _masked_prim(fn: Any, active: jax.Array, types: Any, op: Prim, get: Any) -> 
     vals, batched = zip(*(get(v) for v in op.ins))
     outs = jax.vmap(fn, in_axes=(0,) + tuple(0 if x else None for x in batched))(active, *vals)
     return {v: cast_to(x, types[v], None) for v, x in zip(op.outs, outs)}
-
-
-def _no_observer(state: Any, block: jax.Array) -> jax.Array:
-    return block
-
-
-def while_loop_recorded(cond, step, init: Any, recorder: Any = None) -> tuple[Any, Any]:
-    """`lax.while_loop(cond, body)` where `step(state, observe)` returns
-    `(new_state, info)` and calls `block = observe(state, block)` once the
-    step's block is chosen, before it reads or updates anything with it.
-    With a `recorder` (gradients, `grad/recorder.py`) its tape rides along:
-    `recorder.before` reads the pre-step state there, and the block comes
-    back data-dependent on what it wrote (every in-place update of the step
-    depends on the block, so XLA reads first instead of copying the state);
-    `recorder.after` sees the new state. Without one the loop is
-    exactly the plain one. Returns `(final_state, tape)`."""
-    if recorder is None:
-        return lax.while_loop(cond, lambda s: step(s, _no_observer)[0], init), None
-
-    def body(carry):
-        state, tape = carry
-        seen = {}
-
-        def observe(state, block):
-            tape_, taken, dep = recorder.before(tape, state, block)
-            # The block index depends on what the recorder wrote (`dep` never
-            # equals the minimum; XLA cannot know): the step's updates wait for
-            # its reads. (An optimization barrier is expanded away on CPU.)
-            block = jnp.where(dep == jnp.iinfo(dep.dtype).min, block + 1, block)
-            seen.update(tape=tape_, taken=taken, block=block)
-            return block
-
-        new, info = step(state, observe)
-        return new, recorder.after(seen["tape"], seen["taken"], new, {**info, "block": seen["block"]})
-
-    return lax.while_loop(lambda c: cond(c[0]), body, (init, recorder.init(init)))
-
-
-class StackLayout(NamedTuple):
-    """Which (shared) stack each stacked variable uses, each stack's frame
-    type, and the blocks that write each stack."""
-
-    stack_of: dict[str, str]
-    stacks: dict[str, Any]
-    writers: dict[str, list[int]]
-
-    @staticmethod
-    def of(prog: StackProgram) -> "StackLayout":
-        # Stacked variables that are never saved at once share a stack (and its pointer).
-        stack_of = {v: prog.stack_of.get(v, v) for v, c in prog.var_class.items() if c == STACKED}
-        stacks: dict[str, Any] = {}
-        for v, s in sorted(stack_of.items()):
-            stacks.setdefault(s, prog.var_types[v])
-        writers = {s: [b for b, blk in enumerate(prog.blocks)
-                       if any(isinstance(op, (Push, Update)) and stack_of[op.var] == s for op in blk.ops)]
-                   for s in stacks}
-        return StackLayout(stack_of, stacks, writers)
-
-    def workspace_shapes(self, depth: int, lanes: int) -> dict[str, Any]:
-        """The stacks and the pc stack: large, and never read before written,
-        so a caller may pass the previous call's (donated) instead of
-        zero-filling new ones."""
-        stacks = {s: tree_map(lambda x: jax.ShapeDtypeStruct((depth, lanes) + x.shape, x.dtype), t)
-                  for s, t in self.stacks.items()}
-        return {"stacks": stacks, "pc_stack": jax.ShapeDtypeStruct((depth, lanes), index_dtype())}
-
-
-def block_in(block: jax.Array, blocks: list[int]) -> jax.Array:
-    """Whether the (traced) chosen block is one of `blocks`."""
-    return jnp.any(block == jnp.array(blocks, block.dtype)) if blocks else jnp.zeros((), bool)
 
 
 class Machine:

@@ -54,13 +54,9 @@ from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.state import FreeLanes, PoolState, Queues
 from pcbatch.runtime.lanes import cast_to, gather_rows, pad_rows, scatter_rows, zeros_of
-from pcbatch.runtime.machine import (
-    MachineConfig,
-    StackLayout,
-    Status,
-    block_in,
-    while_loop_recorded,
-)
+from pcbatch.runtime.config import MachineConfig, Status
+from pcbatch.runtime.loop import block_in, while_loop_recorded
+from pcbatch.runtime.stacks import StackLayout
 
 tree_map = jax.tree_util.tree_map
 

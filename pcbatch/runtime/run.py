@@ -9,7 +9,8 @@ import jax.numpy as jnp
 
 from pcbatch.ir.core import CONSTANT, INVARIANT, StackProgram
 from pcbatch.runtime.block import eval_prelude
-from pcbatch.runtime.machine import Machine, MachineConfig, Status
+from pcbatch.runtime.config import MachineConfig, Status
+from pcbatch.runtime.machine import Machine
 from pcbatch.runtime.pool import PoolMachine
 from pcbatch.runtime.steps import StepRecorder, StepTrace
 

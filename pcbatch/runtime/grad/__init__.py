@@ -5,7 +5,7 @@ and a backward loop that replays the recorded steps in reverse.
 in a `jax.custom_vjp` (`Differentiable`). Without differentiation the plain
 machine runs (no tape, same cost as before). Differentiated, the forward rule
 runs the same machine with a `Recorder` riding along its loop
-(`machine.while_loop_recorded`) and the backward rule runs a second
+(`loop.while_loop_recorded`) and the backward rule runs a second
 `lax.while_loop` that walks the recorded steps from last to first.
 
 The program's straight-line code is differentiated block by block: one block

@@ -10,7 +10,7 @@ import numpy as np
 from pcbatch.ir.core import StackProgram
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.block import eval_prelude
-from pcbatch.runtime.machine import MachineConfig
+from pcbatch.runtime.config import MachineConfig
 from pcbatch.runtime.lanes import cast_to
 from pcbatch.runtime.run import machine_for, run_machine
 from pcbatch.runtime.grad.floats import floats, is_float, is_inexact, with_floats

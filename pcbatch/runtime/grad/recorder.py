@@ -16,7 +16,7 @@ tree_map = tree_util.tree_map
 
 
 class Recorder:
-    """Appends each recorded step to the tape (`machine.while_loop_recorded`):
+    """Appends each recorded step to the tape (`loop.while_loop_recorded`):
     `before` the step updates anything, what its block reads; `after`, the
     lanes a Fork spawned."""
 
