@@ -309,10 +309,16 @@ class Autobatched:
             workspace, exe.workspace = exe.workspace, None
         if workspace is None:
             workspace = self._new_workspace(prog, batch)
-        result, status, workspace = exe.runner(inputs, workspace)
+        result, status, workspace = self._runner(exe, raise_errors)(inputs, workspace)
         if not tracing:
             exe.workspace = workspace
         return result, status, prog, batch
+
+    @staticmethod
+    def _runner(exe: Executable, plain_call: bool) -> Callable:
+        """A plain call (not `checked`) never shows `status.blocks_run`: its
+        machine need not count blocks (`Executable.lean_runner`)."""
+        return exe.lean_runner if plain_call and exe.lean_runner is not None else exe.runner
 
     def _run_empty(self, bound: Bound) -> tuple[Any, Status]:
         """0 examples: empty results of the shapes and dtypes one example gives (as `jax.vmap`)."""
@@ -341,7 +347,7 @@ class Autobatched:
         prog, batch = exe.prog, exe.batch
 
         def primal(inputs: dict[str, Any]) -> tuple[Any, Status]:
-            result, status, _ = exe.runner(inputs, self._new_workspace(prog, batch))
+            result, status, _ = self._runner(exe, raise_errors)(inputs, self._new_workspace(prog, batch))
             return result, status
 
         sharding = _sharding.current(self._sharding)

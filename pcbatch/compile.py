@@ -59,7 +59,9 @@ def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[in
 @dataclass(eq=False)
 class Executable:
     """What one call signature compiled to. `runner(inputs, workspace)` runs
-    the machine (`(result, status, workspace)`); `shared` says which entry
+    the machine (`(result, status, workspace)`); `lean_runner` is the same
+    with `status.blocks_run` zeros (a plain call never shows it, and counting
+    costs a copy and a kernel per step; compiled on first use); `shared` says which entry
     parameters are shared by the batch; `workspace` is the last call's stacks,
     donated to the next (never read before written: no zero fill);
     `differentiable` is built on the first differentiated call."""
@@ -71,6 +73,7 @@ class Executable:
     layout_report: LayoutReport | None = None
     workspace: Any = None
     differentiable: Differentiable | None = None
+    lean_runner: Callable | None = None
 
 
 def signature(shared: tuple[bool, ...], batch: int, sharding: Any, values: list[Any]) -> Hashable:
@@ -93,17 +96,22 @@ def compile_program(lowered: StackProgram, shared: tuple[bool, ...], values: lis
             prog, report = layout_program(prog, "all" if options.layout == "all" else "auto")
 
     def machine(prog: StackProgram, batch: int, inputs: dict[str, Any], workspace: Any,
-                active: Any = None) -> tuple[Any, Status, Any]:
+                active: Any = None, lean: bool = False) -> tuple[Any, Status, Any]:
         on_trace()
         with _context.in_building():
-            return run_machine(prog, inputs, batch, machine_config(prog, batch, options)[1], workspace, active)
+            result, status, workspace = run_machine(prog, inputs, batch, machine_config(prog, batch, options)[1],
+                                                    workspace, active)
+        if lean:  # nobody reads the per-example block counts: XLA drops their updates from the loop
+            status = status._replace(blocks_run=jnp.zeros_like(status.blocks_run))
+        return result, status, workspace
 
     if sharding is None:
         runner = jax.jit(functools.partial(machine, prog, batch), donate_argnums=(1,))
+        lean = jax.jit(functools.partial(machine, prog, batch, lean=True), donate_argnums=(1,))
     else:  # one machine per device (pcbatch/sharding.py)
-        runner = sharding.runner(functools.partial(machine, prog), batch,
-                                 dict(zip(prog.entry_params, shared)))
-    return Executable(prog, runner, shared, batch, report)
+        runner = lean = sharding.runner(functools.partial(machine, prog), batch,
+                                        dict(zip(prog.entry_params, shared)))
+    return Executable(prog, runner, shared, batch, report, lean_runner=lean)
 
 
 class Cache:
