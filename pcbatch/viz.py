@@ -260,7 +260,7 @@ def utilization(
 def frontier_sizes(graph: ExecGraph, schedule: Schedule) -> np.ndarray:
     """int[steps]: number of distinct blocks with a ready lane before each step
     of `schedule`, found by replaying it on `graph` (the graph it came from)."""
-    from pcbatch.fsm.simulate import Simulation
+    from pcbatch.fsm.simulation import Simulation
 
     sim = Simulation(graph)
     out = np.zeros(schedule.steps, np.int64)

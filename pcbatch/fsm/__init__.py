@@ -12,19 +12,40 @@ the set of blocks on the frontier):
 >>> policy = pcbatch.fsm.learn(fib, jnp.arange(8), trials=50, progress=False)
 >>> fib.with_schedule(policy)(jnp.array([3, 7]))
 Array([ 2, 13], dtype=int32)
+
+Two parts. What the machine calls each step, inside its loop: the
+`Scheduler` interface and `Frontier` (`base.py`), the named schedulers
+(`baselines.py`) and a learned `Policy`'s device lookup (`policy.py`).
+Offline, on the host: execution graphs (`graph.py`), their simulation
+(`simulation.py`) and Q-learning (`qlearn.py`), loaded on first use; the
+machine never imports them.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pcbatch.errors import OptionError
 
+# What the machine calls each step (runs inside the loop, traced JAX):
 from pcbatch.fsm.base import Auto, Fair, Frontier, ReturnsLast, Scheduler, bind
 from pcbatch.fsm.baselines import BASELINES, Agenda, Depth, Earliest
-from pcbatch.fsm.graph import ExecGraph, lower_bound
 from pcbatch.fsm.policy import Policy
-from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
-from pcbatch.fsm.simulate import Schedule, Simulation, simulate
+
+if TYPE_CHECKING:
+    from pcbatch.fsm.graph import ExecGraph
+    from pcbatch.fsm.qlearn import QConfig
+
+# Offline, on the host (execution graphs, simulation, Q-learning): imported on
+# first use, so the machine never loads them.
+_OFFLINE = {"ExecGraph": "graph", "lower_bound": "graph", "QConfig": "qlearn", "learn_from_graphs": "qlearn",
+            "Schedule": "simulation", "Simulation": "simulation", "simulate": "simulation"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _OFFLINE:
+        import importlib
+        return getattr(importlib.import_module(f"pcbatch.fsm.{_OFFLINE[name]}"), name)
+    raise AttributeError(f"module 'pcbatch.fsm' has no attribute {name!r}")
 
 
 def get_scheduler(schedule: Any, prog: Any = None) -> Scheduler:
@@ -51,18 +72,21 @@ def record(f: Any, *sample_args: Any) -> ExecGraph:
     machine's run when every step runs all lanes waiting at its block and the
     lane pool never runs out: pass `lane_width` and `max_lanes` large enough
     for the batch for the device's step counts to match."""
+    from pcbatch.fsm.graph import ExecGraph
     prog = f.lowered(*sample_args)
     return ExecGraph.from_traces(f.reference_trace(*sample_args), prog.num_blocks)
 
 
 def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000, seed: int = 0,
-          progress: bool = True, config: QConfig = QConfig()) -> Policy:
+          progress: bool = True, config: QConfig | None = None) -> Policy:
     """Learn a scheduling policy for `f` from one sample batch (offline, in NumPy).
 
     Use it with `f.with_schedule(policy)` or `autobatch(..., schedule=policy)`;
     it applies to programs lowered with the same shared/batched arguments.
     """
+    from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
     graph = record(f, *sample_args)
+    config = config if config is not None else QConfig()
     return learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
                              progress=progress, config=config)
 

@@ -16,7 +16,7 @@ policy.  Both sides break ties the same way, so they produce the same schedule.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,9 @@ import numpy as np
 from pcbatch.errors import OptionError
 from pcbatch.fsm import base
 from pcbatch.fsm.base import Frontier
-from pcbatch.fsm.simulate import Simulation
+
+if TYPE_CHECKING:  # the offline simulation: only a type here, never imported by the machine
+    from pcbatch.fsm.simulation import Simulation
 
 _INT32_MAX = np.iinfo(np.int32).max
 

@@ -24,14 +24,16 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pcbatch.fsm.base import Frontier
-from pcbatch.fsm.simulate import Simulation
+
+if TYPE_CHECKING:  # the offline simulation: only a type here, never imported by the machine
+    from pcbatch.fsm.simulation import Simulation
 
 ENCODINGS = ("base", "max", "sort")
 State = tuple[int, ...]

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from pcbatch.fsm.graph import ExecGraph, lower_bound
 from pcbatch.fsm.policy import ENCODINGS, Policy, State, encode_state
-from pcbatch.fsm.simulate import Simulation, simulate
+from pcbatch.fsm.simulation import Simulation, simulate
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pcbatch.fsm.baselines import Agenda, Depth, Earliest
 from pcbatch.fsm.graph import ExecGraph
 from pcbatch.fsm.policy import Policy, encode_state, encode_state_device, key_width
 from pcbatch.fsm.qlearn import learn_from_graphs
-from pcbatch.fsm.simulate import simulate
+from pcbatch.fsm.simulation import simulate
 
 
 def chains_of(graph: ExecGraph) -> list[list[int]]:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from pcbatch.fsm.baselines import Agenda, Depth, Earliest, by_name
 from pcbatch.fsm.graph import ExecGraph, lower_bound
-from pcbatch.fsm.simulate import Simulation, simulate
+from pcbatch.fsm.simulation import Simulation, simulate
 
 
 @st.composite

@@ -10,7 +10,7 @@ from pcbatch.fsm.baselines import by_name
 from pcbatch.fsm.graph import ExecGraph, lower_bound
 from pcbatch.fsm.policy import Policy, encode_state
 from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
-from pcbatch.fsm.simulate import Simulation, simulate
+from pcbatch.fsm.simulation import Simulation, simulate
 
 
 @pytest.mark.parametrize(
