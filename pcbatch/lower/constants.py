@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pcbatch.ir.core import Call, Prim, Program
+from pcbatch.ir.core import Prim, Program
 
 
 def qualify(fn: str, var: str) -> str:
