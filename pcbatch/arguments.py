@@ -226,7 +226,12 @@ def bind(target: BoundFunction, in_axes: Any, args: tuple, kwargs: dict[str, Any
 
 
 def reference_call(target: BoundFunction, values: Mapping[str, Any]) -> Any:
-    """Call the Python function with every parameter's value by name."""
+    """Call the Python function with every parameter's value by name. NumPy
+    arrays go in as JAX arrays: the machine's values are immutable, so an
+    in-place `a += 1` on a NumPy argument must not change the caller's array
+    (and with it the next example's, or the next call's, input)."""
+    values = {p: tree_util.tree_map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, v)
+              for p, v in values.items()}
     sig = target.signature
     positional = [values[p] for p, q in sig.parameters.items() if q.kind is q.POSITIONAL_ONLY]
     keywords = {p: values[p] for p, q in sig.parameters.items() if q.kind is not q.POSITIONAL_ONLY}

@@ -172,3 +172,21 @@ def lambda_free_pair(x):
 
 def test_batch_of_one():
     np.testing.assert_allclose(pcbatch.autobatch(power_py)(XS[:1], NS[3:]), loop(power_py, XS[:1], NS[3:]))
+
+
+@pcbatch.autobatch(in_axes=(0, None))
+def bump(d, a):
+    a += 1  # in place on a NumPy array, in plain Python
+    return a + d
+
+
+def test_reference_never_mutates_numpy_arguments():
+    """Found by `make fuzz`: `a += 1` on a NumPy argument changed the caller's
+    array in `f.reference`, so the next example and the next call saw a
+    different input than the machine."""
+    d, a = np.array([0, 10, 20], np.int32), np.array(5, np.int32)
+    want = np.array([6, 16, 26], np.int32)
+    for _ in range(2):
+        np.testing.assert_array_equal(bump.reference(d, a), want)
+        np.testing.assert_array_equal(bump(d, a), want)
+    assert int(a) == 5 and d.tolist() == [0, 10, 20]
