@@ -1,6 +1,6 @@
 """Random-program differential test: autobatched result == per-example Python.
 
-`test_fuzz_programs` runs `PCBATCH_FUZZ_EXAMPLES` programs (default 120) in
+`test_fuzz_programs` runs `PCBATCH_FUZZ_EXAMPLES` programs (default 200) in
 `make test`; `test_fuzz_long` (marked slow) runs `PCBATCH_FUZZ_EXAMPLES`
 (default 10,000) under `make fuzz`.  `PCBATCH_FUZZ_SEED=<int>` replaces the
 derandomized default sequence of programs with another one.
@@ -149,8 +149,8 @@ def _examples(default: int) -> int:
 
 
 def test_fuzz_programs():
-    """`make test`: a fixed set of 120 random programs (or `PCBATCH_FUZZ_EXAMPLES`)."""
-    n = _examples(120)  # ~70 s of the 2-core CI; `make fuzz` runs 10,000
+    """`make test`: a fixed set of 200 random programs (or `PCBATCH_FUZZ_EXAMPLES`)."""
+    n = _examples(200)
     ran = _run(n, SMALL)
     print(f"fuzz: {ran} programs", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
