@@ -92,10 +92,22 @@ def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, An
             in_types = [types[v] for v in op.ins]
             key = (id(op), tuple(type_key(t) for t in in_types))
             if key not in cache:
-                cache[key] = abstract_eval(op, in_types)
+                try:
+                    cache[key] = abstract_eval(op, in_types)
+                except Exception as e:  # noqa: BLE001 -- kept, and raised if it still fails at the fixpoint
+                    cache[key] = e
+            if isinstance(cache[key], Exception):
+                # An input's type may still widen (`c or 8`: bool until the join
+                # with the int arm is seen): only the final types count.
+                continue
             for var, t in zip(op.outs, cache[key]):
                 changed |= assign(var, t, op.loc)
 
+    for op in ops:  # at the fixpoint, every op must trace with its inputs' final types
+        if all(v in types for v in op.ins):
+            failure = cache[(id(op), tuple(type_key(types[v]) for v in op.ins))]
+            if isinstance(failure, Exception):
+                raise failure
     _check_complete(prog, types, ops)
     return types
 

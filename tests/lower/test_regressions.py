@@ -249,3 +249,18 @@ def test_mutual_recursion_saves_no_return_value(fork):
     n = jnp.arange(12)
     assert f.lowered(n).vars_of_class("stacked") == ("hof_female.n", "hof_male.n")
     np.testing.assert_array_equal(f(n), f.reference(n))
+
+
+@pcbatch.autobatch
+def or_of_bool_and_int(k):
+    j = k * 0
+    return (-((j % 4 == 1) or 8)) % 1000 - 50 + k
+
+
+def test_short_circuit_or_of_a_bool_and_an_int_types_as_the_join():
+    """Found by `make fuzz`: `c or 8` was typed bool from its first arm alone, so
+    `-(c or 8)` failed to trace ("neg does not accept dtype bool") before the
+    join with the int arm was seen."""
+    k = jnp.array([1, 2, 5])
+    np.testing.assert_array_equal(or_of_bool_and_int(k), [943, 944, 947])
+    np.testing.assert_array_equal(or_of_bool_and_int(k), or_of_bool_and_int.reference(k))
