@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from pcbatch import _context
+from pcbatch import _context, differentiation
 from pcbatch import sharding as _sharding
 from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, reference_call, target_of
 from pcbatch.compile import Cache, Executable, compile_program, machine_config, signature
@@ -35,28 +35,6 @@ tree_util = jax.tree_util
 REPLAY_EXAMPLES = 3
 REPLAY_STEPS = 20_000
 REPLAY_SECONDS = 2.0
-
-
-def _is_tracer(x: Any) -> bool:
-    return isinstance(x, jax.core.Tracer)
-
-
-def _differentiation(leaves: list[Any]) -> str | None:
-    """How the inputs are being differentiated: "forward" (only `jax.jvp` /
-    `jax.jacfwd`), "mixed" (forward and reverse together, as `jax.hessian`)
-    or None (reverse mode, or not at all)."""
-    kinds: set[str] = set()
-    stack = [x for x in leaves if _is_tracer(x)]
-    while stack:
-        x = stack.pop()
-        kinds.add(type(x).__name__)
-        for attr in ("primal", "val"):
-            inner = getattr(x, attr, None)
-            if _is_tracer(inner):
-                stack.append(inner)
-    if "JVPTracer" not in kinds:
-        return None
-    return "mixed" if kinds & {"LinearizeTracer", "JaxprTracer"} else "forward"
 
 
 class Autobatched:
@@ -139,7 +117,7 @@ class Autobatched:
                 "helper function, lambda or comprehension.")
         bound = self._bind(args, kwargs)
         result, status, prog, batch = self._run(bound, raise_errors=True)
-        if any(_is_tracer(x) for x in tree_util.tree_leaves((result, status))):
+        if any(differentiation.is_tracer(x) for x in tree_util.tree_leaves((result, status))):
             return self._checked_in_trace(result, status)
         self._raise_for(status, prog, bound)
         return result
@@ -295,8 +273,8 @@ class Autobatched:
         exe, inputs = self._executable(bound)
         prog, batch = exe.prog, bound.batch
         leaves = tree_util.tree_leaves(inputs)
-        tracing = any(_is_tracer(x) for x in leaves)
-        mode = _differentiation(leaves)
+        tracing = any(differentiation.is_tracer(x) for x in leaves)
+        mode = differentiation.mode(leaves)
         if mode == "mixed":
             raise ForwardModeError(self.__qualname__)
         # Forward mode alone differentiates the plain machine (JAX's jvp of a while
