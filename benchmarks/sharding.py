@@ -78,8 +78,8 @@ def collectives(text: str) -> tuple[int, int]:
 def compiled_text(f: Any, *args: Any) -> str:
     """The optimized HLO of `f(*args)` (already called once: the compiled
     program comes from JAX's cache)."""
-    prog, runner, inputs, batch = f._prepare(f._bind(args, {}))
-    return runner.lower(inputs, f._new_workspace(prog, batch)).compile().as_text()
+    exe, inputs = f.executable(*args)
+    return exe.runner.lower(inputs, exe.new_workspace()).compile().as_text()
 
 
 # --- workloads (in the worker) -------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import time
 import types
 from typing import Any, Callable, Sequence
 
@@ -13,51 +12,23 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from pcbatch import _context
+from pcbatch import _context, differentiation, failures
 from pcbatch import sharding as _sharding
 from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, reference_call, target_of
-from pcbatch.compile import Cache, Executable, compile_program, machine_config, signature
-from pcbatch.errors import ForwardModeError, Loc, MaxStepsExceededError, OptionError, StackOverflowError, UnsupportedSyntaxError
-from pcbatch.frontend import BoundFunction, build_program
+from pcbatch.compile import Cache, Executable, Signature, block_ir, compile_program
+from pcbatch.errors import ForwardModeError, Loc, OptionError, UnsupportedSyntaxError
+from pcbatch.frontend import BoundFunction
 from pcbatch.fsm import get_scheduler
 from pcbatch.ir.core import Program, StackProgram
 from pcbatch.ir.interpret import Trace, run_stack_program
 from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.options import Options
-from pcbatch.runtime import MachineConfig, Status
-from pcbatch.runtime.grad import Differentiable, TapeInfo, is_float
-from pcbatch.runtime.run import new_workspace, trace_steps, workspace_shapes
+from pcbatch.runtime import Status
+from pcbatch.runtime.grad import TapeInfo, is_float
+from pcbatch.runtime.run import trace_steps
 from pcbatch.runtime.steps import StepTrace
 
 tree_util = jax.tree_util
-
-# The overflow error replays a few examples in Python to say how deep they go.
-REPLAY_EXAMPLES = 3
-REPLAY_STEPS = 20_000
-REPLAY_SECONDS = 2.0
-
-
-def _is_tracer(x: Any) -> bool:
-    return isinstance(x, jax.core.Tracer)
-
-
-def _differentiation(leaves: list[Any]) -> str | None:
-    """How the inputs are being differentiated: "forward" (only `jax.jvp` /
-    `jax.jacfwd`), "mixed" (forward and reverse together, as `jax.hessian`)
-    or None (reverse mode, or not at all)."""
-    kinds: set[str] = set()
-    stack = [x for x in leaves if _is_tracer(x)]
-    while stack:
-        x = stack.pop()
-        kinds.add(type(x).__name__)
-        for attr in ("primal", "val"):
-            inner = getattr(x, attr, None)
-            if _is_tracer(inner):
-                stack.append(inner)
-    if "JVPTracer" not in kinds:
-        return None
-    return "mixed" if kinds & {"LinearizeTracer", "JaxprTracer"} else "forward"
-
 
 class Autobatched:
     """A function written for one example that runs on a whole batch.
@@ -84,8 +55,7 @@ class Autobatched:
         self.scheduler = get_scheduler(self.schedule)
         self._sharding = None if self.mesh is None else _sharding.BatchSharding.of(self.mesh, self.axis_name)
         self.signature = self.target.signature
-        self._program: Program | None = None
-        self._cache = Cache()
+        self._cache = Cache()  # the pipeline's stages (pcbatch/compile.py)
         self.trace_count = 0  # machines traced so far; a cache hit does not add one
 
     def __repr__(self) -> str:
@@ -115,15 +85,13 @@ class Autobatched:
 
     def ir(self) -> Program:
         """The block IR (Figure 2): one control-flow graph per function."""
-        if self._program is None:
-            self._program = build_program(self.target, self._callee, fork=self.fork)
-        return self._program
+        return block_ir(self.target, self._callee, self.options, self._cache)
 
     def lowered(self, *args: Any, **kwargs: Any) -> StackProgram:
         """The stack program (Figure 4) for these arguments, with each variable's
         class (temporary / register / stacked / constant), type and stack shape."""
-        prog, _, _, batch = self._prepare(self._bind(args, kwargs))
-        return dataclasses.replace(prog, lanes=machine_config(prog, self._local_batch(batch), self.options)[0],
+        exe, _ = self.executable(*args, **kwargs)
+        return dataclasses.replace(exe.prog, lanes=exe.config(exe.signature.local_batch)[0],
                                    stack_depth=self.max_stack_depth)
 
     # --- calling ---------------------------------------------------------
@@ -139,9 +107,9 @@ class Autobatched:
                 "helper function, lambda or comprehension.")
         bound = self._bind(args, kwargs)
         result, status, prog, batch = self._run(bound, raise_errors=True)
-        if any(_is_tracer(x) for x in tree_util.tree_leaves((result, status))):
-            return self._checked_in_trace(result, status)
-        self._raise_for(status, prog, bound)
+        if any(differentiation.is_tracer(x) for x in tree_util.tree_leaves((result, status))):
+            return failures.check_in_trace(result, status)
+        failures.raise_for(status, prog, bound, self.options)
         return result
 
     def checked(self, *args: Any, **kwargs: Any) -> tuple[Any, Status]:
@@ -164,8 +132,8 @@ class Autobatched:
         >>> power.tape_info(jnp.array([2.0, 3.0]), jnp.array([3, 40])).needed
         22
         """
-        exe, inputs = self._executable(self._bind(args, kwargs))
-        return self._differentiable(exe).info(inputs)
+        exe, inputs = self.executable(*args, **kwargs)
+        return exe.gradient_machine().info(inputs)
 
     def reference(self, *args: Any, **kwargs: Any) -> Any:
         """Run the original Python one example at a time (the test oracle)."""
@@ -196,17 +164,25 @@ class Autobatched:
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise OptionError("steps", f"must be a positive int, got {steps!r}")
-        prog, _, inputs, batch = self._prepare(self._bind(args, kwargs))
+        exe, inputs = self.executable(*args, **kwargs)
         with _context.in_building():
-            return trace_steps(prog, inputs, batch, self._config(prog, batch)[1], steps, per_lane)[2]
+            return trace_steps(exe.prog, inputs, exe.batch, exe.config(exe.batch)[1], steps, per_lane)[2]
 
     def reference_trace(self, *args: Any, max_steps: int | None = None, **kwargs: Any) -> list[Trace]:
         """What each example executes, from the reference interpreter: one
         `pcbatch.ir.Trace` each (blocks of `lowered(*args)` and what each waited
         for; the executions a scheduler learns from, `pcbatch.fsm.record`)."""
         bound = self._bind(args, kwargs)
-        prog = self._prepare(bound)[0]
-        return [run_stack_program(prog, example, max_steps=max_steps) for example in self._examples(prog, bound)]
+        prog = self._executable(bound)[0].prog
+        examples = [failures.example_inputs(prog, bound, i) for i in range(bound.batch)]
+        return [run_stack_program(prog, example, max_steps=max_steps) for example in examples]
+
+    def executable(self, *args: Any, **kwargs: Any) -> tuple[Executable, dict[str, Any]]:
+        """The compiled machine for these arguments' signature
+        (`pcbatch.compile.Executable`: its program, runners, machine settings
+        and workspace), compiled on first use, and the call's inputs by entry
+        parameter: `exe.runner(inputs, exe.new_workspace())` runs it."""
+        return self._executable(self._bind(args, kwargs))
 
     def layout_report(self, *args: Any, **kwargs: Any) -> LayoutReport:
         """What the block-layout pass does for these arguments: per run of
@@ -214,7 +190,7 @@ class Autobatched:
         the PQ-tree, the order chosen, the constants packed before the loop and
         the planning time. `print` it; `pcbatch.viz.pq_tree(report[0].layout.tree)`
         draws a tree. With `layout=False` it says what the pass would do."""
-        exe, _ = self._executable(self._bind(args, kwargs))
+        exe, _ = self.executable(*args, **kwargs)
         if exe.layout_report is not None:
             return exe.layout_report
         prog = exe.prog
@@ -231,9 +207,7 @@ class Autobatched:
         `tree_lstm.with_options(fork=False)` for one lane per example
         (a fresh compile cache)."""
         other = Autobatched(self._original, self.options.replace(**options))
-        if other.fork == self.fork:  # the same block IR and lowered programs
-            other._program = self._program
-            other._cache.share_lowered(self._cache)
+        other._cache.inherit(self._cache)  # the block IR and lowered programs, where still valid
         return other
 
     # --- internals -------------------------------------------------------
@@ -241,53 +215,20 @@ class Autobatched:
     def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Bound:
         return bind(self.target, self.in_axes, tuple(args), kwargs)
 
-    def _examples(self, prog: StackProgram, bound: Bound) -> list[dict[str, Any]]:
-        """The entry parameters' values for each example on its own."""
-        return [self._example(prog, bound, i) for i in range(bound.batch)]
-
-    @staticmethod
-    def _example(prog: StackProgram, bound: Bound, i: int) -> dict[str, Any]:
-        """Example `i`'s inputs keyed by the program's entry parameters."""
-        return dict(zip(prog.entry_params, bound.example(i).values()))
-
     def _executable(self, bound: Bound) -> tuple[Executable, dict[str, Any]]:
         """The compiled machine for this call's signature (compiled on the
         first call: `pcbatch.compile`), and its inputs by entry parameter."""
         params = list(bound.values)
         values = [bound.values[p] for p in params]
-        shared = tuple(not bound.batched[p] for p in params)
         sharding = _sharding.current(self._sharding)
         _sharding.check_global_inputs(sharding, tree_util.tree_leaves(values))
-
-        def build() -> Executable:
-            lowered = self._cache.lowered(self.ir(), shared)
-            return compile_program(lowered, shared, values, bound.batch, self.options, sharding, self._traced)
-
-        exe = self._cache.executable(signature(shared, bound.batch, sharding, values), build)
+        sig = Signature.of(tuple(not bound.batched[p] for p in params), bound.batch, sharding, values)
+        exe = self._cache.get(sig, lambda: compile_program(self.target, self._callee, sig, self.options,
+                                                           self._cache, self._traced))
         return exe, dict(zip(exe.prog.entry_params, values))
 
     def _traced(self) -> None:
         self.trace_count += 1
-
-    def _prepare(self, bound: Bound) -> tuple[StackProgram, Callable, dict[str, Any], int]:
-        exe, inputs = self._executable(bound)
-        return exe.prog, exe.runner, inputs, bound.batch
-
-    def _config(self, prog: StackProgram, batch: int) -> tuple[int, MachineConfig]:
-        """Machine lanes and settings for a batch (`compile.machine_config`)."""
-        return machine_config(prog, batch, self.options)
-
-    def _local_batch(self, batch: int) -> int:
-        """Examples per machine: the batch, or its share per device when sharded."""
-        sharding = _sharding.current(self._sharding)
-        return batch if sharding is None else sharding.per_device(batch)
-
-    def _new_workspace(self, prog: StackProgram, batch: int) -> Any:
-        sharding = _sharding.current(self._sharding)
-        if sharding is None:
-            return new_workspace(prog, batch, self._config(prog, batch)[1])
-        local = sharding.per_device(batch)
-        return sharding.new_workspace(workspace_shapes(prog, local, self._config(prog, local)[1]))
 
     def _run(self, bound: Bound, raise_errors: bool = False) -> tuple[Any, Status, StackProgram | None, int]:
         if bound.batch == 0:
@@ -295,8 +236,8 @@ class Autobatched:
         exe, inputs = self._executable(bound)
         prog, batch = exe.prog, bound.batch
         leaves = tree_util.tree_leaves(inputs)
-        tracing = any(_is_tracer(x) for x in leaves)
-        mode = _differentiation(leaves)
+        tracing = any(differentiation.is_tracer(x) for x in leaves)
+        mode = differentiation.mode(leaves)
         if mode == "mixed":
             raise ForwardModeError(self.__qualname__)
         # Forward mode alone differentiates the plain machine (JAX's jvp of a while
@@ -308,7 +249,7 @@ class Autobatched:
         if not tracing:  # one per compiled signature, donated
             workspace, exe.workspace = exe.workspace, None
         if workspace is None:
-            workspace = self._new_workspace(prog, batch)
+            workspace = exe.new_workspace()
         result, status, workspace = self._runner(exe, raise_errors)(inputs, workspace)
         if not tracing:
             exe.workspace = workspace
@@ -318,7 +259,7 @@ class Autobatched:
     def _runner(exe: Executable, plain_call: bool) -> Callable:
         """A plain call (not `checked`) never shows `status.blocks_run`: its
         machine need not count blocks (`Executable.lean_runner`)."""
-        return exe.lean_runner if plain_call and exe.lean_runner is not None else exe.runner
+        return exe.lean_runner if plain_call else exe.runner
 
     def _run_empty(self, bound: Bound) -> tuple[Any, Status]:
         """0 examples: empty results of the shapes and dtypes one example gives (as `jax.vmap`)."""
@@ -331,13 +272,6 @@ class Autobatched:
         shapes = jax.eval_shape(one, ones)
         return tree_util.tree_map(lambda s: jnp.zeros((0,) + s.shape[1:], s.dtype), shapes)
 
-    def _differentiable(self, exe: Executable) -> Differentiable:
-        if exe.differentiable is None:
-            batched = frozenset(p for p, s in zip(exe.prog.entry_params, exe.shared) if not s)
-            exe.differentiable = Differentiable(exe.prog, exe.batch, self._config(exe.prog, exe.batch)[1], batched,
-                                                self.tape_size)
-        return exe.differentiable
-
     def _run_differentiable(self, exe: Executable, inputs: dict[str, Any], bound: Bound,
                             raise_errors: bool) -> tuple[Any, Status]:
         """The machine under `grad.Differentiable`'s custom_vjp: the plain
@@ -347,10 +281,10 @@ class Autobatched:
         prog, batch = exe.prog, exe.batch
 
         def primal(inputs: dict[str, Any]) -> tuple[Any, Status]:
-            result, status, _ = self._runner(exe, raise_errors)(inputs, self._new_workspace(prog, batch))
+            result, status, _ = self._runner(exe, raise_errors)(inputs, exe.new_workspace())
             return result, status
 
-        sharding = _sharding.current(self._sharding)
+        sharding = exe.signature.sharding
         if sharding is not None and sharding.multi_process:  # no sharded gradient machine yet: a named error
             return sharding.undifferentiable(primal)(inputs)
 
@@ -358,65 +292,13 @@ class Autobatched:
             if raise_errors:  # `bound` holds tracers here, `inputs` concrete values
                 names = dict(zip(prog.entry_params, bound.values))  # jax sorts dict keys
                 concrete = Bound({p: inputs[q] for q, p in names.items()}, bound.batched, batch)
-                self._raise_for(status, prog, concrete)
+                failures.raise_for(status, prog, concrete, self.options)
 
-        result, status, need = self._differentiable(exe)(inputs, primal, check)
+        result, status, need = exe.gradient_machine()(inputs, primal, check)
         # A tape that overflowed inside jit could not grow: its gradients are NaN.
         checkify.check(need == 0, "pcbatch: the gradient tape overflowed; pass tape_size={need} or more to "
                        "pcbatch.autobatch (rows per block per example; see f.tape_info)", need=need, debug=True)
         return result, status
-
-    def _checked_in_trace(self, result: Any, status: Status) -> Any:
-        """Inside jit we cannot raise: report through checkify (debug checks are
-        functionalized by `checkify.checkify`) and poison failed examples' floats."""
-        checkify.check(~jnp.any(status.overflow), "pcbatch: recursion deeper than max_stack_depth", debug=True)
-        checkify.check(~jnp.any(status.unfinished), "pcbatch: max_steps exceeded", debug=True)
-        failed = status.overflow | status.unfinished
-
-        def poison(x):
-            if not jnp.issubdtype(x.dtype, jnp.inexact):
-                return x
-            return jnp.where(failed.reshape((-1,) + (1,) * (x.ndim - 1)), jnp.nan, x)
-
-        return tree_util.tree_map(poison, result)
-
-    def _raise_for(self, status: Status, prog: StackProgram | None, bound: Bound) -> None:
-        overflow = np.nonzero(np.asarray(status.overflow))[0].tolist()
-        if overflow:
-            raise StackOverflowError(overflow, self.max_stack_depth, self._depths_needed(prog, bound, overflow),
-                                     forked=prog.has_forks)
-        unfinished = np.nonzero(np.asarray(status.unfinished))[0].tolist()
-        if unfinished:
-            pcs = np.asarray(status.pc)
-            where = []
-            for i in unfinished[:10]:
-                pc = int(pcs[i])
-                waiting = pc < 0  # blocked on its forked calls, to continue at -1 - pc
-                pc = -1 - pc if waiting else pc
-                block = prog.blocks[pc]
-                where.append(f"example {i} " + ("waiting for its forked calls, then " if waiting else "")
-                             + f"at b{pc} ({block.label}" + (f", {block.loc}" if block.loc else "") + ")")
-            raise MaxStepsExceededError(unfinished, self.max_steps, where)
-
-    def _depths_needed(self, prog: StackProgram, bound: Bound, overflow: list[int]) -> dict[int, str]:
-        """How deep a few overflowing examples recurse, from a bounded replay in
-        the reference interpreter (seconds at most; the error must come fast)."""
-        limit = 8 * self.max_stack_depth
-        deadline = time.monotonic() + REPLAY_SECONDS
-        needed = {}
-        # Multi-process (pcbatch/sharding.py): this process may not hold the example, so no replay.
-        whole = all(getattr(x, "is_fully_addressable", True) for x in tree_util.tree_leaves(bound.values))
-        for i in overflow[:REPLAY_EXAMPLES] if whole else []:
-            if time.monotonic() >= deadline:
-                break
-            t = run_stack_program(prog, self._example(prog, bound, i), max_steps=REPLAY_STEPS, max_depth=limit, forks=False,
-                                  deadline=deadline)
-            needed[i] = (f"max_stack_depth={t.max_depth}" if t.finished else
-                         f"more than {limit} (runaway recursion?)" if t.max_depth > limit else
-                         f"more than {self.max_stack_depth}")
-        for i in overflow:
-            needed.setdefault(i, f"more than {self.max_stack_depth}")
-        return needed
 
 
 def autobatch(fn: Callable | None = None, *, options: Options | None = None, **changes: Any) -> Any:

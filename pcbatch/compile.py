@@ -1,13 +1,19 @@
-"""The pipeline, in order: a function's block IR to a compiled machine.
+"""The pipeline, in order: a function to the compiled machine for one call.
 
-    frontend (`Autobatched.ir`)  ->  lower  ->  specialize to the argument
-    types  ->  memory layout (PQ-tree)  ->  runtime machine under `jax.jit`
-    (or one per device, `pcbatch.sharding`)
+    1. frontend   the function's source -> block IR (`pcbatch.frontend`)
+    2. lower      block IR -> stack program, per set of shared parameters
+                  (`pcbatch.lower`)
+    3. specialize the stack program -> the argument types of this call
+    4. layout     independent same-type ops batched on a PQ-tree memory
+                  layout (`pcbatch.memory`)
+    5. runtime    the `lax.while_loop` machine under `jax.jit` (or one per
+                  device, `pcbatch.sharding`)
 
-`compile_program` runs the steps after the frontend for one call signature
-(which parameters are shared, the batch, shapes and dtypes); `Cache` keeps
-what each signature compiled to, so a second call of the same signature
-traces nothing.
+`compile_program` runs them top to bottom for one call `Signature` (which
+parameters are shared, the batch, the shapes and dtypes, the sharding). One
+`Cache` per autobatched function keeps what each stage made, keyed by what it
+depends on: a second call of the same signature traces nothing, and a new
+signature redoes only the stages after the ones it shares.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pcbatch import _context
+from pcbatch.frontend import BoundFunction, build_program
 from pcbatch.fsm import Fair, get_scheduler
 from pcbatch.ir.core import Program, StackProgram
 from pcbatch.lower import lower, specialize
@@ -28,9 +35,45 @@ from pcbatch.options import Options
 from pcbatch.runtime import MachineConfig, Status, run_machine
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.grad import Differentiable
+from pcbatch.runtime.run import new_workspace, workspace_shapes
 from pcbatch.runtime.stacks import StackLayout
 
 tree_util = jax.tree_util
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A call's cache key: everything its compiled machine depends on besides
+    the function and its options. Per entry parameter, in order: whether the
+    batch shares it, its tree structure and its leaves' shapes and dtypes
+    (batch axis included); `index_dtype`: a machine built under
+    `jax_enable_x64` keeps int64 state."""
+
+    shared: tuple[bool, ...]
+    batch: int
+    sharding: Any  # a `pcbatch.sharding.BatchSharding`, or None
+    trees: tuple[Any, ...]
+    leaves: tuple[tuple[tuple[tuple[int, ...], Any], ...], ...]
+    index_dtype: Any
+
+    @classmethod
+    def of(cls, shared: tuple[bool, ...], batch: int, sharding: Any, values: list[Any]) -> "Signature":
+        flat = [tree_util.tree_flatten(v) for v in values]
+        return cls(tuple(shared), batch, sharding, tuple(tree for _, tree in flat),
+                   tuple(tuple((np.shape(x), jnp.result_type(x)) for x in leaves) for leaves, _ in flat),
+                   index_dtype())
+
+    def types(self, params: list[str]) -> dict[str, Any]:
+        """One example's argument types by entry parameter (the batch axis of
+        batched ones dropped): what `specialize` needs."""
+        return {p: tree_util.tree_unflatten(tree, [jax.ShapeDtypeStruct(shape[0 if s else 1:], dtype)
+                                                   for shape, dtype in leaves])
+                for p, s, tree, leaves in zip(params, self.shared, self.trees, self.leaves)}
+
+    @property
+    def local_batch(self) -> int:
+        """Examples per machine: the batch, or its share per device when sharded."""
+        return self.batch if self.sharding is None else self.sharding.per_device(self.batch)
 
 
 def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[int, MachineConfig]:
@@ -61,40 +104,95 @@ class Executable:
     """What one call signature compiled to. `runner(inputs, workspace)` runs
     the machine (`(result, status, workspace)`); `lean_runner` is the same
     with `status.blocks_run` zeros (a plain call never shows it, and counting
-    costs a copy and a kernel per step; compiled on first use); `shared` says which entry
-    parameters are shared by the batch; `workspace` is the last call's stacks,
+    costs a copy and a kernel per step); `workspace` is the last call's stacks,
     donated to the next (never read before written: no zero fill);
     `differentiable` is built on the first differentiated call."""
 
     prog: StackProgram
+    signature: Signature
+    options: Options
     runner: Callable
-    shared: tuple[bool, ...]
-    batch: int
+    lean_runner: Callable
     layout_report: LayoutReport | None = None
     workspace: Any = None
     differentiable: Differentiable | None = None
-    lean_runner: Callable | None = None
+
+    @property
+    def batch(self) -> int:
+        return self.signature.batch
+
+    @property
+    def shared(self) -> tuple[bool, ...]:
+        """Which entry parameters the batch shares."""
+        return self.signature.shared
+
+    def config(self, batch: int) -> tuple[int, MachineConfig]:
+        """Machine lanes and settings for `batch` examples (`machine_config`)."""
+        return machine_config(self.prog, batch, self.options)
+
+    def new_workspace(self) -> Any:
+        """Fresh stacks for one run (per device when sharded)."""
+        sharding = self.signature.sharding
+        if sharding is None:
+            return new_workspace(self.prog, self.batch, self.config(self.batch)[1])
+        local = self.signature.local_batch
+        return sharding.new_workspace(workspace_shapes(self.prog, local, self.config(local)[1]))
+
+    def gradient_machine(self) -> Differentiable:
+        """The machine under a custom_vjp (`runtime.grad.Differentiable`), built once."""
+        if self.differentiable is None:
+            batched = frozenset(p for p, s in zip(self.prog.entry_params, self.shared) if not s)
+            self.differentiable = Differentiable(self.prog, self.batch, self.config(self.batch)[1], batched,
+                                                 self.options.tape_size)
+        return self.differentiable
 
 
-def signature(shared: tuple[bool, ...], batch: int, sharding: Any, values: list[Any]) -> Hashable:
-    """The cache key of a call: everything the compiled machine depends on.
-    (`index_dtype()`: a machine built under `jax_enable_x64` keeps int64 state.)"""
-    return (shared, batch, sharding, index_dtype(), tuple(tree_util.tree_structure(v) for v in values),
-            tuple((np.shape(x), jnp.result_type(x)) for x in tree_util.tree_leaves(values)))
+class Cache:
+    """What the pipeline made for one autobatched function and its options:
+    one dict, keyed by each stage's inputs (`("frontend", fork)`,
+    `("lower", fork, shared)`, then a `Signature` per executable)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The entry for `key`, built by `build()` the first time."""
+        if key not in self._entries:
+            self._entries[key] = build()
+        return self._entries[key]
+
+    def inherit(self, other: "Cache") -> None:
+        """Take `other`'s block IR and lowered programs (the same function;
+        their keys hold the options they depend on), not its executables."""
+        for key, value in other._entries.items():
+            if not isinstance(key, Signature):
+                self._entries.setdefault(key, value)
 
 
-def compile_program(lowered: StackProgram, shared: tuple[bool, ...], values: list[Any], batch: int,
-                    options: Options, sharding: Any, on_trace: Callable[[], None] = lambda: None) -> Executable:
-    """Specialize, lay out and compile `lowered` for one call signature.
-    `on_trace` is called each time the machine is traced."""
-    types = {p: tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[0 if s else 1:], jnp.result_type(x)), v)
-             for p, v, s in zip(lowered.entry_params, values, shared)}
-    report = None
+def block_ir(target: BoundFunction, callee: Callable[[Any], BoundFunction | None], options: Options,
+             cache: Cache) -> Program:
+    """Stage 1, the frontend: the block IR, one control-flow graph per function."""
+    return cache.get(("frontend", options.fork), lambda: build_program(target, callee, fork=options.fork))
+
+
+def compile_program(target: BoundFunction, callee: Callable[[Any], BoundFunction | None], signature: Signature,
+                    options: Options, cache: Cache, on_trace: Callable[[], None] = lambda: None) -> Executable:
+    """The machine for one call signature, each stage once per `cache`.
+    `callee(obj)` is the autobatched function behind a name the code calls
+    (the frontend's `unwrap`); `on_trace` is called each time the machine is traced."""
+    # 1. frontend
+    program = block_ir(target, callee, options, cache)
+    # 2. lower (per set of shared parameters: shared values become constants)
+    lowered = cache.get(("lower", options.fork, signature.shared), lambda: lower(program, signature.shared))
     with _context.in_building():
-        prog = specialize(lowered, types)
+        # 3. specialize to this call's argument types
+        prog = specialize(lowered, signature.types(lowered.entry_params))
+        # 4. memory layout
+        report = None
         if options.layout:
             prog, report = layout_program(prog, "all" if options.layout == "all" else "auto")
 
+    # 5. runtime
     def machine(prog: StackProgram, batch: int, inputs: dict[str, Any], workspace: Any,
                 active: Any = None, lean: bool = False) -> tuple[Any, Status, Any]:
         on_trace()
@@ -105,37 +203,11 @@ def compile_program(lowered: StackProgram, shared: tuple[bool, ...], values: lis
             status = status._replace(blocks_run=jnp.zeros_like(status.blocks_run))
         return result, status, workspace
 
+    batch, sharding = signature.batch, signature.sharding
     if sharding is None:
         runner = jax.jit(functools.partial(machine, prog, batch), donate_argnums=(1,))
         lean = jax.jit(functools.partial(machine, prog, batch, lean=True), donate_argnums=(1,))
     else:  # one machine per device (pcbatch/sharding.py)
         runner = lean = sharding.runner(functools.partial(machine, prog), batch,
-                                        dict(zip(prog.entry_params, shared)))
-    return Executable(prog, runner, shared, batch, report, lean_runner=lean)
-
-
-class Cache:
-    """A function's compiled programs: the lowered program per set of shared
-    parameters, and the `Executable` per call signature."""
-
-    def __init__(self) -> None:
-        self._lowered: dict[tuple[bool, ...], StackProgram] = {}
-        self._executables: dict[Hashable, Executable] = {}
-
-    def lowered(self, program: Program, shared: tuple[bool, ...]) -> StackProgram:
-        if shared not in self._lowered:
-            self._lowered[shared] = lower(program, shared)
-        return self._lowered[shared]
-
-    def executable(self, key: Hashable, build: Callable[[], Executable]) -> Executable:
-        if key not in self._executables:
-            self._executables[key] = build()
-        return self._executables[key]
-
-    def find(self, prog: StackProgram) -> Executable | None:
-        """The executable compiled to `prog`, if any."""
-        return next((e for e in self._executables.values() if e.prog is prog), None)
-
-    def share_lowered(self, other: "Cache") -> None:
-        """Reuse `other`'s lowered programs (the same function and `fork`)."""
-        self._lowered = other._lowered
+                                        dict(zip(prog.entry_params, signature.shared)))
+    return Executable(prog, signature, options, runner, lean, report)

@@ -12,11 +12,25 @@ from pcbatch.fsm import get_scheduler
 from pcbatch.runtime.options import Tuning
 
 
+# What each option is for, said when its value is bad.
+HINTS = {
+    "max_stack_depth": "the deepest recursion (active frames) any example may reach, e.g. max_stack_depth=256.",
+    "max_steps": "a bound on the machine's steps, e.g. max_steps=100_000; None (the default) for no bound.",
+    "max_lanes": "the fork-join lane pool, e.g. max_lanes=4096; None (the default) sizes it from the batch.",
+    "lane_width": "the most lanes one step runs, e.g. lane_width=256; None (the default) sizes it from the batch.",
+    "tape_size": "gradient tape rows per block per example, e.g. tape_size=1024 (see f.tape_info); None (the "
+                 "default) starts at 256 and grows outside jit.",
+    "layout": "True (blocks with a matmul group), 'all' (wherever a group is found) or False (off).",
+    "fork": "True runs independent calls in lanes of their own; False gives one lane per example.",
+}
+
+
 def _positive_int(name: str, value: Any, optional: bool = False) -> None:
     if optional and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise OptionError(name, f"must be a positive int{' or None' if optional else ''}, got {value!r}")
+        raise OptionError(name, f"must be a positive int{' or None' if optional else ''}, got {value!r}",
+                          HINTS[name])
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,11 +63,13 @@ class Options:
         for name in ("max_steps", "max_lanes", "lane_width", "tape_size"):
             _positive_int(name, getattr(self, name), optional=True)
         if not (self.layout is True or self.layout is False or self.layout == "all"):
-            raise OptionError("layout", f"must be True, False or 'all', got {self.layout!r}")
+            raise OptionError("layout", f"must be True, False or 'all', got {self.layout!r}", HINTS["layout"])
         if not isinstance(self.fork, bool):
-            raise OptionError("fork", f"must be True or False, got {self.fork!r}")
+            raise OptionError("fork", f"must be True or False, got {self.fork!r}", HINTS["fork"])
         if self.axis_name is not None and self.mesh is None:
-            raise OptionError("axis_name", "needs mesh= (the jax.sharding.Mesh whose axis it names)")
+            raise OptionError("axis_name", f"needs mesh= (the jax.sharding.Mesh whose axis it names), got "
+                              f"{self.axis_name!r} alone",
+                              "pass mesh= too, or use `with pcbatch.sharded(mesh, axis_name=...)`.")
         if self.tuning is None:
             object.__setattr__(self, "tuning", Tuning())
         if not isinstance(self.tuning, Tuning):

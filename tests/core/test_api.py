@@ -248,6 +248,25 @@ def test_cache_per_signature():
     assert f.trace_count == count
 
 
+
+def test_executable_per_signature_and_stages_shared():
+    """`f.executable(*args)`: one `Executable` per call `Signature`, the one a
+    call runs; `with_options` reuses the block IR (and lowered programs) its
+    options leave valid, never the executables."""
+    from pcbatch.compile import Signature
+    f = pcbatch.autobatch(_collatz)
+    exe, inputs = f.executable(N)
+    assert isinstance(exe.signature, Signature) and exe.batch == N.shape[0] and exe.shared == (False,)
+    assert list(inputs) == list(exe.prog.entry_params)
+    np.testing.assert_array_equal(exe.runner(inputs, exe.new_workspace())[0], f(N))
+    assert f.executable(N + 1)[0] is exe                          # same shapes and dtypes
+    assert f.executable(N[:2])[0] is not exe                      # another batch size
+    assert hash(exe.signature) == hash(f.executable(N + 1)[0].signature)
+    g = f.with_options(max_steps=10_000)
+    assert g.ir() is f.ir() and g.executable(N)[0] is not exe
+    assert f.with_options(fork=False).ir() is not f.ir()
+
+
 def test_works_under_jit_and_vmap_of_results():
     out = jax.jit(lambda n: bare(n) * 2)(N)
     np.testing.assert_array_equal(out, [2 * c for c in COLLATZ])

@@ -40,8 +40,12 @@ def test_bad_option_is_a_named_error_at_decoration(bad, option):
     with pytest.raises(pcbatch.OptionError) as e:
         pcbatch.autobatch(fib, **bad)
     assert e.value.option == option
-    with pytest.raises(pcbatch.OptionError):
+    with pytest.raises(pcbatch.OptionError) as e:
         pcbatch.Options(**bad)
+    message = str(e.value)
+    assert message.startswith(f"{option}: ")
+    if option not in ("tuning", "schedule"):  # those name the value's type / list the choices instead
+        assert repr(bad[option]) in message and "\nHint: " in message
 
 
 def test_unknown_option_names_the_closest():

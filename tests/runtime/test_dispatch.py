@@ -22,6 +22,7 @@ from jax import lax
 
 import pcbatch
 import pcbatch.runtime.machine as machine
+from pcbatch.compile import machine_config
 from pcbatch.ir.core import Prim
 from pcbatch.runtime.inplace import masked_update
 
@@ -48,7 +49,7 @@ def in_mode(f: pcbatch.Autobatched, mode: str) -> pcbatch.Autobatched:
 
 def _heavy(f, *args) -> set[int]:
     prog = f.lowered(*args)
-    return machine.Machine(prog, prog.lanes, f._config(prog, prog.lanes)[1]).heavy
+    return machine.Machine(prog, prog.lanes, machine_config(prog, prog.lanes, f.options)[1]).heavy
 
 
 # Recursion with saves, mutual recursion, loops with early exits, pytrees,

@@ -19,6 +19,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import pcbatch
+from pcbatch.compile import machine_config
 from pcbatch.runtime import run_machine
 from benchmarks.sharding import collectives, compiled_text
 from pcbatch import data
@@ -102,15 +103,16 @@ def padding_blocks(fn, mesh, *args):
     machine, whose status also reports (in `peak_lanes`, summed over devices)
     the blocks its inactive (padding) lanes ran."""
     plan = pcbatch.sharding.BatchSharding.of(mesh)
-    prog, _, inputs, batch = fn._prepare(fn._bind(args, {}))
+    exe, inputs = fn.executable(*args)
+    prog, batch = exe.prog, exe.batch
 
     def machine(local, inputs, workspace, active):
-        result, status, workspace = run_machine(prog, inputs, local, fn._config(prog, local)[1], workspace, active)
+        result, status, workspace = run_machine(prog, inputs, local, exe.config(local)[1], workspace, active)
         return result, status._replace(peak_lanes=jnp.sum(jnp.where(active, 0, status.blocks_run))), workspace
 
-    shared = {p: not b for p, b in zip(prog.entry_params, fn._bind(args, {}).batched.values())}
+    shared = dict(zip(prog.entry_params, exe.shared))
     with pcbatch.sharded(mesh):
-        workspace = fn._new_workspace(prog, batch)
+        workspace = fn.executable(*args)[0].new_workspace()   # per device
     result, status, _ = plan.runner(machine, batch, shared)(inputs, workspace)
     return result, status, int(status.peak_lanes)
 
@@ -176,7 +178,7 @@ def test_under_jit_and_cache():
 
 
 def assert_workspace_per_device(fn, *args):
-    ws = fn._executable(fn._bind(args, {}))[0].workspace   # the last call's, kept for the next call of this signature
+    ws = fn.executable(*args)[0].workspace   # the last call's, kept for the next call of this signature
     for leaf in tree_leaves(ws):
         assert leaf.shape[0] == 4 and not leaf.is_deleted()
         assert sorted(s.index[0].start for s in leaf.addressable_shards) == [0, 1, 2, 3]
@@ -233,7 +235,7 @@ def test_nary_tree_lstm():
         np.testing.assert_array_equal(status.blocks_run, ref.blocks_run)
     assert_workspace_per_device(sharded, *args)
     prog = fn.lowered(*args)
-    assert prog.has_forks and sharded.lowered(*args).lanes == fn._config(prog, 3)[0] < prog.lanes
+    assert prog.has_forks and sharded.lowered(*args).lanes == machine_config(prog, 3, fn.options)[0] < prog.lanes
     assert int(status.peak_lanes) > 10                     # the trees forked
 
 

@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 
 import pcbatch
 from pcbatch import sharding
+from pcbatch.compile import machine_config
 from pcbatch.runtime import run_machine
 
 HERE = os.path.dirname(__file__)
@@ -98,7 +99,7 @@ def test_inactive_lanes_start_halted():
     report nothing wrong; the others are unaffected (the padding of a sharded batch)."""
     x = jnp.array([12, 5, 9, 9], jnp.int32)
     prog = fib.lowered(x)
-    config = fib._config(prog, 4)[1]
+    config = machine_config(prog, 4, fib.options)[1]
     active = jnp.array([True, True, False, False])
     out, status, _ = run_machine(prog, {prog.entry_params[0]: x}, 4, config, active=active)
     want, ref = fib.checked(x)

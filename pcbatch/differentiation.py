@@ -1,0 +1,63 @@
+"""How a call's inputs are being differentiated, from their tracers' types.
+
+JAX wraps a differentiated value in a tracer per transformation: forward mode
+(`jax.jvp`, `jax.jacfwd`) in a `JVPTracer`, reverse mode (`jax.grad`,
+`jax.vjp`, `jax.linearize`) in a `LinearizeTracer` (or, on JAX's older
+partial-evaluation path, a `JaxprTracer`). pcbatch's reverse mode is a
+`custom_vjp`, which JAX cannot differentiate forwards, so a call needs to know
+which of them it is under: `mode(leaves)`.
+
+The tracer classes live in `jax._src`, JAX's private modules: they are looked
+up once here, each guarded, so a JAX without one of them still imports pcbatch
+(that kind of tracer is then simply never seen). Nothing here reads JAX's
+error messages.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import jax
+
+
+def _classes(module: str, *names: str) -> tuple[type, ...]:
+    """The classes `names` of JAX's `module` that exist (none if it does not)."""
+    try:
+        found = importlib.import_module(module)
+    except ImportError:
+        return ()
+    return tuple(c for c in (getattr(found, n, None) for n in names) if isinstance(c, type))
+
+
+FORWARD: tuple[type, ...] = _classes("jax._src.interpreters.ad", "JVPTracer")
+REVERSE: tuple[type, ...] = (_classes("jax._src.interpreters.ad", "LinearizeTracer")
+                             + _classes("jax._src.interpreters.partial_eval", "JaxprTracer"))
+
+
+def is_tracer(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def tracers(leaves: list[Any]) -> list[jax.core.Tracer]:
+    """Every tracer among `leaves` and inside them (a tracer's `primal` or
+    `val`: the value one transformation wraps in another)."""
+    out: list[jax.core.Tracer] = []
+    stack = [x for x in leaves if is_tracer(x)]
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        for attr in ("primal", "val"):
+            inner = getattr(x, attr, None)
+            if is_tracer(inner):
+                stack.append(inner)
+    return out
+
+
+def mode(leaves: list[Any]) -> str | None:
+    """How the inputs are being differentiated: "forward" (only `jax.jvp` /
+    `jax.jacfwd`), "mixed" (forward and reverse together, as `jax.hessian`)
+    or None (reverse mode, or not at all)."""
+    found = tracers(leaves)
+    if not FORWARD or not any(isinstance(x, FORWARD) for x in found):
+        return None
+    return "mixed" if REVERSE and any(isinstance(x, REVERSE) for x in found) else "forward"

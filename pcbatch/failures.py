@@ -1,0 +1,94 @@
+"""What a run's status says went wrong, told to the caller.
+
+Outside `jit` a call raises a named error (`raise_for`): `StackOverflowError`
+with how deep the overflowing examples need to go (a short replay in the
+reference interpreter, `depths_needed`), or `MaxStepsExceededError` with
+where the unfinished examples stopped. Inside `jit` Python cannot raise:
+`check_in_trace` records the failures with checkify and makes the failed
+examples' float results NaN.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+from pcbatch.arguments import Bound
+from pcbatch.errors import MaxStepsExceededError, StackOverflowError
+from pcbatch.ir.core import StackProgram
+from pcbatch.ir.interpret import run_stack_program
+from pcbatch.options import Options
+from pcbatch.runtime import Status
+
+tree_util = jax.tree_util
+
+# The overflow error replays a few examples in Python to say how deep they go.
+REPLAY_EXAMPLES = 3
+REPLAY_STEPS = 20_000
+REPLAY_SECONDS = 2.0
+
+
+def example_inputs(prog: StackProgram, bound: Bound, i: int) -> dict[str, Any]:
+    """Example `i`'s inputs keyed by the program's entry parameters."""
+    return dict(zip(prog.entry_params, bound.example(i).values()))
+
+
+def raise_for(status: Status, prog: StackProgram | None, bound: Bound, options: Options) -> None:
+    """Raise the named error for the examples `status` flags, if any."""
+    overflow = np.nonzero(np.asarray(status.overflow))[0].tolist()
+    if overflow:
+        raise StackOverflowError(overflow, options.max_stack_depth,
+                                 depths_needed(prog, bound, overflow, options.max_stack_depth),
+                                 forked=prog.has_forks)
+    unfinished = np.nonzero(np.asarray(status.unfinished))[0].tolist()
+    if unfinished:
+        pcs = np.asarray(status.pc)
+        where = []
+        for i in unfinished[:10]:
+            pc = int(pcs[i])
+            waiting = pc < 0  # blocked on its forked calls, to continue at -1 - pc
+            pc = -1 - pc if waiting else pc
+            block = prog.blocks[pc]
+            where.append(f"example {i} " + ("waiting for its forked calls, then " if waiting else "")
+                         + f"at b{pc} ({block.label}" + (f", {block.loc}" if block.loc else "") + ")")
+        raise MaxStepsExceededError(unfinished, options.max_steps, where)
+
+
+def depths_needed(prog: StackProgram, bound: Bound, overflow: list[int], max_stack_depth: int) -> dict[int, str]:
+    """How deep a few overflowing examples recurse, from a bounded replay in
+    the reference interpreter (seconds at most; the error must come fast)."""
+    limit = 8 * max_stack_depth
+    deadline = time.monotonic() + REPLAY_SECONDS
+    needed = {}
+    # Multi-process (pcbatch/sharding.py): this process may not hold the example, so no replay.
+    whole = all(getattr(x, "is_fully_addressable", True) for x in tree_util.tree_leaves(bound.values))
+    for i in overflow[:REPLAY_EXAMPLES] if whole else []:
+        if time.monotonic() >= deadline:
+            break
+        t = run_stack_program(prog, example_inputs(prog, bound, i), max_steps=REPLAY_STEPS, max_depth=limit,
+                              forks=False, deadline=deadline)
+        needed[i] = (f"max_stack_depth={t.max_depth}" if t.finished else
+                     f"more than {limit} (runaway recursion?)" if t.max_depth > limit else
+                     f"more than {max_stack_depth}")
+    for i in overflow:
+        needed.setdefault(i, f"more than {max_stack_depth}")
+    return needed
+
+
+def check_in_trace(result: Any, status: Status) -> Any:
+    """Inside jit we cannot raise: report through checkify (debug checks are
+    functionalized by `checkify.checkify`) and poison failed examples' floats."""
+    checkify.check(~jnp.any(status.overflow), "pcbatch: recursion deeper than max_stack_depth", debug=True)
+    checkify.check(~jnp.any(status.unfinished), "pcbatch: max_steps exceeded", debug=True)
+    failed = status.overflow | status.unfinished
+
+    def poison(x):
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            return x
+        return jnp.where(failed.reshape((-1,) + (1,) * (x.ndim - 1)), jnp.nan, x)
+
+    return tree_util.tree_map(poison, result)
