@@ -222,7 +222,9 @@ class Autobatched:
         values = [bound.values[p] for p in params]
         sharding = _sharding.current(self._sharding)
         _sharding.check_global_inputs(sharding, tree_util.tree_leaves(values))
-        sig = Signature.of(tuple(not bound.batched[p] for p in params), bound.batch, sharding, values)
+        # Only fork="auto" weighs whether the call is traced: elsewhere eager and jitted calls share a machine.
+        traced = self.options.fork == "auto" and any(map(differentiation.is_tracer, tree_util.tree_leaves(values)))
+        sig = Signature.of(tuple(not bound.batched[p] for p in params), bound.batch, sharding, values, traced)
         exe = self._cache.get(sig, lambda: compile_program(self.target, self._callee, sig, self.options,
                                                            self._cache, self._traced))
         return exe, dict(zip(exe.prog.entry_params, values))
@@ -317,9 +319,14 @@ def autobatch(fn: Callable | None = None, *, options: Options | None = None, **c
       schedule: `"auto"` (earliest block first; with forks, returning blocks
         last), `"earliest"`, `"depth"`, `"agenda"`, or a scheduler object such
         as a learned `pcbatch.fsm.Policy` (see `pcbatch.fsm`).
-      fork: run independent calls (`f(l) + f(r)`) at once in lanes of their own,
-        so a tree is processed level by level, not node by node. `False`: one
-        lane per example, calls one after another.
+      fork: `True` runs independent calls (`f(l) + f(r)`) at once in lanes of
+        their own, so a tree is processed level by level, not node by node.
+        `False`: one lane per example, calls one after another. `"auto"` (the
+        default) forks only where it is expected to pay: the calls keep
+        vectors (not scalars), the batch is small enough to leave lanes to
+        spread into, and, under `jax.jit`, the lane pool is small (see
+        `pcbatch.fork_choice`; `f.executable(*args)[0].fork_choice` says
+        what it chose and why).
       max_lanes: the fork-join lane pool (default 128 per example, at most
         16384, fewer if the stacks, `max_stack_depth` frames per lane, would
         pass 1 GiB); when it runs out, calls run sequentially in the caller's

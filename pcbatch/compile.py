@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pcbatch import _context
+from pcbatch.fork_choice import ForkChoice, choose_fork
 from pcbatch.frontend import BoundFunction, build_program
 from pcbatch.fsm import Fair, get_scheduler
 from pcbatch.ir.core import Program, StackProgram
@@ -47,7 +48,9 @@ class Signature:
     the function and its options. Per entry parameter, in order: whether the
     batch shares it, its tree structure and its leaves' shapes and dtypes
     (batch axis included); `index_dtype`: a machine built under
-    `jax_enable_x64` keeps int64 state."""
+    `jax_enable_x64` keeps int64 state; `traced`: the call is traced (under
+    `jax.jit` or a gradient), which `fork="auto"` weighs (its lane pool cannot
+    be reused there); False wherever nothing depends on it."""
 
     shared: tuple[bool, ...]
     batch: int
@@ -55,13 +58,15 @@ class Signature:
     trees: tuple[Any, ...]
     leaves: tuple[tuple[tuple[tuple[int, ...], Any], ...], ...]
     index_dtype: Any
+    traced: bool = False
 
     @classmethod
-    def of(cls, shared: tuple[bool, ...], batch: int, sharding: Any, values: list[Any]) -> "Signature":
+    def of(cls, shared: tuple[bool, ...], batch: int, sharding: Any, values: list[Any],
+           traced: bool = False) -> "Signature":
         flat = [tree_util.tree_flatten(v) for v in values]
         return cls(tuple(shared), batch, sharding, tuple(tree for _, tree in flat),
                    tuple(tuple((np.shape(x), jnp.result_type(x)) for x in leaves) for leaves, _ in flat),
-                   index_dtype())
+                   index_dtype(), traced)
 
     def types(self, params: list[str]) -> dict[str, Any]:
         """One example's argument types by entry parameter (the batch axis of
@@ -86,9 +91,7 @@ def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[in
     else:
         # Lanes per example, capped so the stacks (every lane has
         # max_stack_depth frames) stay within a budget.
-        frame = index_dtype().itemsize + sum(x.size * x.dtype.itemsize  # the pc, then each stack's slot
-                                             for x in tree_util.tree_leaves(StackLayout.of(prog).stacks))
-        affordable = tuning.pool_stack_bytes // (frame * options.max_stack_depth)
+        affordable = tuning.pool_stack_bytes // (frame_bytes(prog) * options.max_stack_depth)
         lanes = max(batch, min(tuning.lanes_per_example * batch, affordable, tuning.max_pool_lanes))
     width = options.lane_width or max(tuning.min_lane_width, min(tuning.width_per_example * batch,
                                                                  tuning.max_lane_width))
@@ -99,6 +102,20 @@ def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[in
     return lanes, MachineConfig(options.max_stack_depth, options.max_steps, scheduler, lanes, width, tuning)
 
 
+def frame_bytes(prog: StackProgram) -> int:
+    """One lane's stack frame: the pc, then each stack's slot."""
+    return index_dtype().itemsize + sum(x.size * x.dtype.itemsize
+                                        for x in tree_util.tree_leaves(StackLayout.of(prog).stacks))
+
+
+def fork_choice(prog: StackProgram, signature: Signature, options: Options) -> ForkChoice:
+    """`fork="auto"`'s choice for `prog` (lowered with forks) on this call."""
+    batch = signature.local_batch
+    lanes, config = machine_config(prog, batch, options)
+    pool_bytes = frame_bytes(prog) * options.max_stack_depth * lanes
+    return choose_fork(prog, batch, lanes, config.lane_width, pool_bytes, signature.traced, options.tuning)
+
+
 @dataclass(eq=False)
 class Executable:
     """What one call signature compiled to. `runner(inputs, workspace)` runs
@@ -106,7 +123,8 @@ class Executable:
     with `status.blocks_run` zeros (a plain call never shows it, and counting
     costs a copy and a kernel per step); `workspace` is the last call's stacks,
     donated to the next (never read before written: no zero fill);
-    `differentiable` is built on the first differentiated call."""
+    `differentiable` is built on the first differentiated call;
+    `fork_choice`: what `fork="auto"` chose and why (None for fork=True/False)."""
 
     prog: StackProgram
     signature: Signature
@@ -114,6 +132,7 @@ class Executable:
     runner: Callable
     lean_runner: Callable
     layout_report: LayoutReport | None = None
+    fork_choice: ForkChoice | None = None
     workspace: Any = None
     differentiable: Differentiable | None = None
 
@@ -170,9 +189,11 @@ class Cache:
 
 
 def block_ir(target: BoundFunction, callee: Callable[[Any], BoundFunction | None], options: Options,
-             cache: Cache) -> Program:
-    """Stage 1, the frontend: the block IR, one control-flow graph per function."""
-    return cache.get(("frontend", options.fork), lambda: build_program(target, callee, fork=options.fork))
+             cache: Cache, fork: bool | None = None) -> Program:
+    """Stage 1, the frontend: the block IR, one control-flow graph per function
+    (with `fork="auto"`, the IR with forks unless `fork` says otherwise)."""
+    fork = (options.fork is not False) if fork is None else fork
+    return cache.get(("frontend", fork), lambda: build_program(target, callee, fork=fork))
 
 
 def compile_program(target: BoundFunction, callee: Callable[[Any], BoundFunction | None], signature: Signature,
@@ -180,16 +201,27 @@ def compile_program(target: BoundFunction, callee: Callable[[Any], BoundFunction
     """The machine for one call signature, each stage once per `cache`.
     `callee(obj)` is the autobatched function behind a name the code calls
     (the frontend's `unwrap`); `on_trace` is called each time the machine is traced."""
-    # 1. frontend
-    program = block_ir(target, callee, options, cache)
-    # 2. lower (per set of shared parameters: shared values become constants)
-    lowered = cache.get(("lower", options.fork, signature.shared), lambda: lower(program, signature.shared))
-    with _context.in_building():
+    def specialized(fork: bool) -> StackProgram:
+        # 1. frontend
+        program = block_ir(target, callee, options, cache, fork)
+        # 2. lower (per set of shared parameters: shared values become constants)
+        lowered = cache.get(("lower", fork, signature.shared), lambda: lower(program, signature.shared))
         # 3. specialize to this call's argument types
-        prog = specialize(lowered, signature.types(lowered.entry_params))
-        # 4. memory layout
-        report = None
-        if options.layout:
+        with _context.in_building():
+            return specialize(lowered, signature.types(lowered.entry_params))
+
+    choice = None
+    if options.fork == "auto":  # lower with forks, then keep them only where they are expected to pay
+        prog = specialized(True)
+        choice = fork_choice(prog, signature, options)
+        if prog.has_forks and not choice.fork:
+            prog = specialized(False)
+    else:
+        prog = specialized(options.fork)
+    # 4. memory layout
+    report = None
+    if options.layout:
+        with _context.in_building():
             prog, report = layout_program(prog, "all" if options.layout == "all" else "auto")
 
     # 5. runtime
@@ -210,4 +242,4 @@ def compile_program(target: BoundFunction, callee: Callable[[Any], BoundFunction
     else:  # one machine per device (pcbatch/sharding.py)
         runner = lean = sharding.runner(functools.partial(machine, prog), batch,
                                         dict(zip(prog.entry_params, signature.shared)))
-    return Executable(prog, signature, options, runner, lean, report)
+    return Executable(prog, signature, options, runner, lean, report, fork_choice=choice)

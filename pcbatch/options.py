@@ -21,7 +21,8 @@ HINTS = {
     "tape_size": "gradient tape rows per block per example, e.g. tape_size=1024 (see f.tape_info); None (the "
                  "default) starts at 256 and grows outside jit.",
     "layout": "True (blocks with a matmul group), 'all' (wherever a group is found) or False (off).",
-    "fork": "True runs independent calls in lanes of their own; False gives one lane per example.",
+    "fork": "True runs independent calls in lanes of their own; False gives one lane per example; 'auto' (the "
+            "default) picks fork-join where it is expected to pay (see pcbatch.fork_choice).",
 }
 
 
@@ -49,7 +50,7 @@ class Options:
     max_stack_depth: int = 64
     max_steps: int | None = None
     schedule: Any = "auto"
-    fork: bool = True
+    fork: bool | str = "auto"
     max_lanes: int | None = None
     lane_width: int | None = None
     layout: bool | str = True
@@ -64,8 +65,8 @@ class Options:
             _positive_int(name, getattr(self, name), optional=True)
         if not (self.layout is True or self.layout is False or self.layout == "all"):
             raise OptionError("layout", f"must be True, False or 'all', got {self.layout!r}", HINTS["layout"])
-        if not isinstance(self.fork, bool):
-            raise OptionError("fork", f"must be True or False, got {self.fork!r}", HINTS["fork"])
+        if not (self.fork is True or self.fork is False or (isinstance(self.fork, str) and self.fork == "auto")):
+            raise OptionError("fork", f"must be True, False or 'auto', got {self.fork!r}", HINTS["fork"])
         if self.axis_name is not None and self.mesh is None:
             raise OptionError("axis_name", f"needs mesh= (the jax.sharding.Mesh whose axis it names), got "
                               f"{self.axis_name!r} alone",

@@ -32,6 +32,9 @@ class Tuning:
         `max_pool_lanes`, fewer if the stacks would pass `pool_stack_bytes`.
     width_per_example, min_lane_width, max_lane_width: the default lane
         width (`lane_width=None`): per example, within these bounds.
+    fork_min_step_elements, fork_min_parallelism, fork_min_pool_lanes,
+        fork_max_traced_pool_bytes: when `fork="auto"` forks (see
+        `pcbatch.fork_choice`).
 
     >>> import pcbatch
     >>> pcbatch.Tuning(max_widths=2).widths(256)
@@ -48,6 +51,10 @@ class Tuning:
     width_per_example: int = 16
     min_lane_width: int = 64
     max_lane_width: int = 2048
+    fork_min_step_elements: int = 512
+    fork_min_parallelism: int = 16
+    fork_min_pool_lanes: int = 64
+    fork_max_traced_pool_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
         for f in fields(self):

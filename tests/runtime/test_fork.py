@@ -1,4 +1,4 @@
-"""Fork-join lanes (`autobatch(..., fork=True)`, the default): differential tests.
+"""Fork-join lanes (`autobatch(..., fork=True)`): differential tests.
 
 Every result is compared with `.reference` (the original Python, one example at
 a time) and with the same function under `fork=False` (one lane per example,
@@ -60,8 +60,9 @@ _VARIANTS: dict = {}
 
 
 def variant(fn: pcbatch.api.Autobatched, **options) -> pcbatch.api.Autobatched:
-    """`fn.with_options(**options)`, made once per module so that its compiled
-    programs are cached across tests."""
+    """`fn.with_options(fork=True, **options)`, made once per module so that
+    its compiled programs are cached across tests."""
+    options = {"fork": True, **options}
     key = (id(fn), tuple(sorted(options.items())))
     if key not in _VARIANTS:
         _VARIANTS[key] = fn.with_options(**options)
@@ -95,9 +96,15 @@ def assert_ok(status, batch: int) -> None:
     assert not unfinished.any(), f"unfinished: {unfinished}"
 
 
+def forked(fn: pcbatch.api.Autobatched) -> pcbatch.api.Autobatched:
+    """`fn` with `fork=True` (the models keep the default, `fork="auto"`)."""
+    return fn if fn.fork is True else variant(fn, fork=True)
+
+
 def differential(fn, *args, ref=None, jit: bool = False):
     """`fn` (forks) == `.reference` == `fork=False` (and, with `jit`, == `fn`
     called inside `jax.jit`). Returns (result, status, status under fork=False)."""
+    fn = forked(fn)
     out, status = fn.checked(*args)
     batch = np.shape(tree_leaves(out)[0])[0]
     assert_ok(status, batch)
@@ -277,21 +284,21 @@ def test_generous_pool_forks_balanced_trees():
 # 3. programs
 # --------------------------------------------------------------------------
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def fib(n):
     if n <= 1:
         return n
     return fib(n - 1) + fib(n - 2)
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def trib(n):
     if n <= 2:
         return jnp.where(n == 2, 1, 0)
     return trib(n - 1) + trib(n - 2) + trib(n - 3)
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def between(x):
     """Argument code between the calls (`y` for the second call is computed
     after the first call in the source)."""
@@ -303,7 +310,7 @@ def between(x):
     return a * 0.5 + b + 1.0
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def dependent(n):
     """`x`, `y` independent (one fork); `z` needs both results (no fork with them)."""
     if n <= 1:
@@ -314,7 +321,7 @@ def dependent(n):
     return x + 2 * y + 3 * z
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def chained(n):
     """Only dependent calls: nothing forks."""
     if n <= 1:
@@ -324,7 +331,7 @@ def chained(n):
     return a + b
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def even_odd(n):
     """Mutual recursion, each side forking two calls of the other."""
     if n <= 0:
@@ -332,14 +339,14 @@ def even_odd(n):
     return odd_even(n - 1) + odd_even(n // 2)
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def odd_even(n):
     if n <= 0:
         return 0
     return even_odd(n - 1) * 2 - even_odd(n // 3)
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def loop_forks(n):
     acc = 0
     i = 0
@@ -349,7 +356,7 @@ def loop_forks(n):
     return acc
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def entry_param_fork(n):
     """A fork of another function straight from the entry parameter (an
     invariant of the example, never written) and a value computed from it."""
@@ -361,7 +368,7 @@ class Pair(NamedTuple):
     v: jax.Array
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def pytree_result(n, x):
     if n <= 0:
         return {"count": 1, "res": Pair(x, x * 2.0)}
@@ -370,7 +377,7 @@ def pytree_result(n, x):
     return {"count": l["count"] + r["count"], "res": Pair(l["res"].s + r["res"].s, jnp.maximum(l["res"].v, r["res"].v))}
 
 
-@pcbatch.autobatch(in_axes=(None, 0))
+@pcbatch.autobatch(in_axes=(None, 0), fork=True)
 def shared_table(table, n):
     if n <= 0:
         return table[0]
@@ -379,7 +386,7 @@ def shared_table(table, n):
     return a * table[1] + b * table[2] + table[n % table.shape[0]]
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def tail_with_fork(n, acc):
     """A fork of three functions other than the caller (children starting at
     different entries, returning ints and a pytree), then a self tail call."""
@@ -591,7 +598,7 @@ def test_hypothesis_nary_random_pools(case):
     assert_same(out, fn.reference(params, trees, trees.root))
 
 
-@pcbatch.autobatch(max_steps=6)
+@pcbatch.autobatch(max_steps=6, fork=True)
 def fib_then_loop(n):
     if n <= 1:
         return n
@@ -612,7 +619,7 @@ def test_max_steps_message_names_the_join_a_waiting_lane_continues_at():
 ARITY = 3
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def nary_sum(kids, node):
     if node < 0:
         return 0
@@ -622,7 +629,7 @@ def nary_sum(kids, node):
     return total
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def loop_without_calls(n):
     acc = 0
     for k in range(3):  # no autobatched call in the body: stays a loop
