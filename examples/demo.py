@@ -59,27 +59,23 @@ def main(verbose=False):
     print(f"{row(result)}  ({same})\n")
 
     _, batched = timed(lambda: fib.checked(n), repeat=5)
-    sequential = fib.with_options(fork=False)
-    (_, seq), seq_first = timed(lambda: sequential.checked(n))
-    _, seq_batched = timed(lambda: sequential.checked(n), repeat=5)
+    choice = fib.executable(n)[0].fork_choice  # what the default, fork="auto", chose and why
+    other = fib.with_options(fork=not choice.fork)
+    (_, other_status), other_first = timed(lambda: other.checked(n))
+    _, other_batched = timed(lambda: other.checked(n), repeat=5)
     print("Time for the whole batch (a first call also compiles, once per batch shape):")
-    default = f"pcbatch, default (fork={fib.fork!r})"  # says so if the default changes
-    print(f"  {default:<29}{ms(batched)}   first call {first:5.1f} s")
-    print(f"  {'pcbatch, fork=False':<29}{ms(seq_batched)}   first call {seq_first:5.1f} s")
+    print(f"  {'pcbatch, default':<29}{ms(batched)}   first call {first:5.1f} s")
+    print(f"  {f'pcbatch, fork={not choice.fork}':<29}{ms(other_batched)}   first call {other_first:5.1f} s")
     print(f"  {'Python loop over examples':<29}{ms(python)}\n")
 
-    steps, work, peak = int(status.steps), int(status.blocks_run.sum()), int(status.peak_lanes)
-    seq_steps, seq_work = int(seq.steps), int(seq.blocks_run.sum())
-    if peak > batch:  # more calls under way than examples: the default forked
-        side_by_side = ("fib(n - 1) and fib(n - 2) do not\nneed each other's result, so they ran side by "
-                        f"side (fork/join): up to {peak} calls under way.")
-    else:
-        side_by_side = "Each example made its\ncalls one after another, in a lane of its own."
-    print(f"What happened: all {batch} examples ran together in one loop of {steps} steps. Each step runs\n"
-          f"one piece of fib (a block: the code between two calls) for every call ready for it:\n"
-          f"{work} pieces in {steps} steps, {work / steps:.1f} at once on average. {side_by_side}\n"
-          f"With fork=False each example makes its calls one after another: {seq_steps} steps, with\n"
-          f"on average {seq_work / seq_steps:.1f} of the {batch} examples busy in a step.")
+    steps, work = int(status.steps), int(status.blocks_run.sum())
+    forked = status if choice.fork else other_status
+    why = choice.reason.split(" (")[0]  # the plain-words part, without the numbers
+    print(f"What happened: the {batch} examples ran together in one loop of {steps} steps; each step runs\n"
+          f"one piece of fib (the code between two calls) for every example ready for it, {work / steps:.1f} "
+          f"of {batch}\non average. fib(n - 1) and fib(n - 2) do not need each other, so fork=True runs them\n"
+          f"side by side ({int(forked.steps)} steps, up to {int(forked.peak_lanes)} calls at once). The default "
+          f"{'forked' if choice.fork else 'did not fork'}:\n{why}.")
 
     if verbose:
         print("\nThe blocks of fib (pcbatch's intermediate form):\n")
