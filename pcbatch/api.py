@@ -15,7 +15,7 @@ from jax.experimental import checkify
 from pcbatch import _context, differentiation, failures
 from pcbatch import sharding as _sharding
 from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, reference_call, target_of
-from pcbatch.compile import Cache, Executable, Signature, block_ir, compile_program
+from pcbatch.compile import Cache, Executable, Signature, block_ir, executable
 from pcbatch.errors import ForwardModeError, Loc, OptionError, UnsupportedSyntaxError
 from pcbatch.frontend import BoundFunction
 from pcbatch.fsm import get_scheduler
@@ -222,11 +222,9 @@ class Autobatched:
         values = [bound.values[p] for p in params]
         sharding = _sharding.current(self._sharding)
         _sharding.check_global_inputs(sharding, tree_util.tree_leaves(values))
-        # Only fork="auto" weighs whether the call is traced: elsewhere eager and jitted calls share a machine.
-        traced = self.options.fork == "auto" and any(map(differentiation.is_tracer, tree_util.tree_leaves(values)))
-        sig = Signature.of(tuple(not bound.batched[p] for p in params), bound.batch, sharding, values, traced)
-        exe = self._cache.get(sig, lambda: compile_program(self.target, self._callee, sig, self.options,
-                                                           self._cache, self._traced))
+        sig = Signature.of(tuple(not bound.batched[p] for p in params), bound.batch, sharding, values)
+        traced = any(map(differentiation.is_tracer, tree_util.tree_leaves(values)))
+        exe = executable(self.target, self._callee, sig, self.options, self._cache, traced, self._traced)
         return exe, dict(zip(exe.prog.entry_params, values))
 
     def _traced(self) -> None:
@@ -324,7 +322,8 @@ def autobatch(fn: Callable | None = None, *, options: Options | None = None, **c
         `False`: one lane per example, calls one after another. `"auto"` (the
         default) forks only where it is expected to pay: the calls keep
         vectors (not scalars), the batch is small enough to leave lanes to
-        spread into, and, under `jax.jit`, the lane pool is small (see
+        spread into, and, under `jax.jit`, the lane pool is small, or where
+        `max_lanes` or `lane_width` is given (see
         `pcbatch.fork_choice`; `f.executable(*args)[0].fork_choice` says
         what it chose and why).
       max_lanes: the fork-join lane pool (default 128 per example, at most

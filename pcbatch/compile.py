@@ -9,7 +9,7 @@
     5. runtime    the `lax.while_loop` machine under `jax.jit` (or one per
                   device, `pcbatch.sharding`)
 
-`compile_program` runs them top to bottom for one call `Signature` (which
+`executable` runs them top to bottom for one call `Signature` (which
 parameters are shared, the batch, the shapes and dtypes, the sharding). One
 `Cache` per autobatched function keeps what each stage made, keyed by what it
 depends on: a second call of the same signature traces nothing, and a new
@@ -48,9 +48,7 @@ class Signature:
     the function and its options. Per entry parameter, in order: whether the
     batch shares it, its tree structure and its leaves' shapes and dtypes
     (batch axis included); `index_dtype`: a machine built under
-    `jax_enable_x64` keeps int64 state; `traced`: the call is traced (under
-    `jax.jit` or a gradient), which `fork="auto"` weighs (its lane pool cannot
-    be reused there); False wherever nothing depends on it."""
+    `jax_enable_x64` keeps int64 state."""
 
     shared: tuple[bool, ...]
     batch: int
@@ -58,15 +56,13 @@ class Signature:
     trees: tuple[Any, ...]
     leaves: tuple[tuple[tuple[tuple[int, ...], Any], ...], ...]
     index_dtype: Any
-    traced: bool = False
 
     @classmethod
-    def of(cls, shared: tuple[bool, ...], batch: int, sharding: Any, values: list[Any],
-           traced: bool = False) -> "Signature":
+    def of(cls, shared: tuple[bool, ...], batch: int, sharding: Any, values: list[Any]) -> "Signature":
         flat = [tree_util.tree_flatten(v) for v in values]
         return cls(tuple(shared), batch, sharding, tuple(tree for _, tree in flat),
                    tuple(tuple((np.shape(x), jnp.result_type(x)) for x in leaves) for leaves, _ in flat),
-                   index_dtype(), traced)
+                   index_dtype())
 
     def types(self, params: list[str]) -> dict[str, Any]:
         """One example's argument types by entry parameter (the batch axis of
@@ -108,12 +104,15 @@ def frame_bytes(prog: StackProgram) -> int:
                                         for x in tree_util.tree_leaves(StackLayout.of(prog).stacks))
 
 
-def fork_choice(prog: StackProgram, signature: Signature, options: Options) -> ForkChoice:
-    """`fork="auto"`'s choice for `prog` (lowered with forks) on this call."""
+def fork_choice(prog: StackProgram, signature: Signature, options: Options, traced: bool) -> ForkChoice:
+    """`fork="auto"`'s choice for `prog` (lowered with forks) on this call
+    (`traced`: under `jax.jit` or a gradient)."""
+    if prog.has_forks and (options.max_lanes is not None or options.lane_width is not None):
+        return ForkChoice(True, "max_lanes or lane_width was given: the fork-join lane pool was asked for")
     batch = signature.local_batch
     lanes, config = machine_config(prog, batch, options)
     pool_bytes = frame_bytes(prog) * options.max_stack_depth * lanes
-    return choose_fork(prog, batch, lanes, config.lane_width, pool_bytes, signature.traced, options.tuning)
+    return choose_fork(prog, batch, lanes, config.lane_width, pool_bytes, traced, options.tuning)
 
 
 @dataclass(eq=False)
@@ -168,8 +167,12 @@ class Executable:
 
 class Cache:
     """What the pipeline made for one autobatched function and its options:
-    one dict, keyed by each stage's inputs (`("frontend", fork)`,
-    `("lower", fork, shared)`, then a `Signature` per executable)."""
+    one dict, keyed by each stage's inputs: `("frontend", fork)`,
+    `("lower", fork, shared)`, `("specialize", fork, signature)`,
+    `("fork choice", signature, traced)` and `("machine", signature, fork)`."""
+
+    # Stages that depend on nothing but their key (not on other options): a copy with other options reuses them.
+    _OPTION_FREE = ("frontend", "lower", "specialize")
 
     def __init__(self) -> None:
         self._entries: dict[Hashable, Any] = {}
@@ -181,43 +184,59 @@ class Cache:
         return self._entries[key]
 
     def inherit(self, other: "Cache") -> None:
-        """Take `other`'s block IR and lowered programs (the same function;
-        their keys hold the options they depend on), not its executables."""
+        """Take `other`'s block IR, lowered and specialized programs (the same
+        function; their keys hold all they depend on), not what depends on
+        its other options (fork choices, machines)."""
         for key, value in other._entries.items():
-            if not isinstance(key, Signature):
+            if key[0] in self._OPTION_FREE:
                 self._entries.setdefault(key, value)
 
 
-def block_ir(target: BoundFunction, callee: Callable[[Any], BoundFunction | None], options: Options,
-             cache: Cache, fork: bool | None = None) -> Program:
+Callee = Callable[[Any], BoundFunction | None]
+
+
+def block_ir(target: BoundFunction, callee: Callee, options: Options, cache: Cache,
+             fork: bool | None = None) -> Program:
     """Stage 1, the frontend: the block IR, one control-flow graph per function
     (with `fork="auto"`, the IR with forks unless `fork` says otherwise)."""
     fork = (options.fork is not False) if fork is None else fork
     return cache.get(("frontend", fork), lambda: build_program(target, callee, fork=fork))
 
 
-def compile_program(target: BoundFunction, callee: Callable[[Any], BoundFunction | None], signature: Signature,
-                    options: Options, cache: Cache, on_trace: Callable[[], None] = lambda: None) -> Executable:
-    """The machine for one call signature, each stage once per `cache`.
-    `callee(obj)` is the autobatched function behind a name the code calls
-    (the frontend's `unwrap`); `on_trace` is called each time the machine is traced."""
-    def specialized(fork: bool) -> StackProgram:
-        # 1. frontend
+def specialized(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,
+                fork: bool) -> StackProgram:
+    """Stages 1-3: the frontend, lowering (per set of shared parameters: shared
+    values become constants) and specialization to this call's argument types."""
+    def build() -> StackProgram:
         program = block_ir(target, callee, options, cache, fork)
-        # 2. lower (per set of shared parameters: shared values become constants)
         lowered = cache.get(("lower", fork, signature.shared), lambda: lower(program, signature.shared))
-        # 3. specialize to this call's argument types
         with _context.in_building():
             return specialize(lowered, signature.types(lowered.entry_params))
+    return cache.get(("specialize", fork, signature), build)
 
+
+def executable(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,
+               traced: bool = False, on_trace: Callable[[], None] = lambda: None) -> Executable:
+    """The machine for one call signature, each stage once per `cache`.
+    `callee(obj)` is the autobatched function behind a name the code calls
+    (the frontend's `unwrap`); `traced`: the call is traced (under `jax.jit`
+    or a gradient), which `fork="auto"` weighs; `on_trace` is called each
+    time the machine is traced. Eager and traced calls share a machine
+    wherever they choose alike."""
     choice = None
-    if options.fork == "auto":  # lower with forks, then keep them only where they are expected to pay
-        prog = specialized(True)
-        choice = fork_choice(prog, signature, options)
-        if prog.has_forks and not choice.fork:
-            prog = specialized(False)
-    else:
-        prog = specialized(options.fork)
+    fork = options.fork
+    if fork == "auto":  # lowered with forks; kept only where they are expected to pay
+        choice = cache.get(("fork choice", signature, traced), lambda: fork_choice(
+            specialized(target, callee, signature, options, cache, True), signature, options, traced))
+        with_forks = specialized(target, callee, signature, options, cache, True)
+        fork = choice.fork or not with_forks.has_forks  # nothing forks: the program lowered with forks is the same
+    return cache.get(("machine", signature, fork), lambda: compile_program(
+        specialized(target, callee, signature, options, cache, fork), signature, options, choice, on_trace))
+
+
+def compile_program(prog: StackProgram, signature: Signature, options: Options, choice: ForkChoice | None,
+                    on_trace: Callable[[], None]) -> Executable:
+    """Stages 4 and 5 for a specialized program: its memory layout, then the machine."""
     # 4. memory layout
     report = None
     if options.layout:

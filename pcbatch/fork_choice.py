@@ -18,8 +18,9 @@ when all of these hold, so `"auto"` forks exactly then:
   afresh every time, so there they must stay under
   `Tuning.fork_max_traced_pool_bytes`.
 
-The choice never changes a result, only the speed; `fork=True` / `fork=False`
-override it.
+Passing `max_lanes` or `lane_width` (the pool's own options) asks for the
+pool: "auto" then forks. The choice never changes a result, only the speed;
+`fork=True` / `fork=False` override it.
 """
 from __future__ import annotations
 

@@ -306,7 +306,7 @@ def test_loop_only_program_needs_no_stacks():
 
 
 def test_trace_has_one_entry_per_example():
-    traces = fib.reference_trace(np.asarray([0, 5, 2], np.int32))
+    traces = fib.with_options(fork=True).reference_trace(np.asarray([0, 5, 2], np.int32))
     assert len(traces) == 3
     assert all(t.finished for t in traces)
     assert [int(t.result) for t in traces] == [0, 5, 1]  # fib(0), fib(5), fib(2)

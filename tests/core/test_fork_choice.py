@@ -115,3 +115,25 @@ def test_rule_thresholds():
 def test_fork_option_validated(bad):
     with pytest.raises(OptionError, match="fork"):
         pcbatch.autobatch(lambda n: n, fork=bad)
+
+
+def test_pool_options_ask_for_the_pool():
+    n = jnp.arange(6)
+    for options in (dict(max_lanes=64), dict(lane_width=32)):
+        f = fib.with_options(**options)
+        assert choice(f, n).fork and choice(f, n, traced=True).fork
+        assert f.executable(n)[0].prog.has_forks
+        np.testing.assert_array_equal(np.asarray(f(n)), [0, 1, 1, 2, 3, 5])
+
+
+def test_eager_and_traced_calls_share_a_machine_when_they_choose_alike():
+    @pcbatch.autobatch
+    def fib2(n):
+        return n if n <= 1 else fib2(n - 1) + fib2(n - 2)
+
+    n = jnp.arange(7)
+    fib2(n)
+    count = fib2.trace_count
+    jax.jit(fib2)(n)
+    assert fib2.trace_count == count  # the same machine (its traced form cached by jax.jit)
+    assert choice(fib2, n).fork is False and choice(fib2, n, traced=True).fork is False

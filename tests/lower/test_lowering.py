@@ -192,7 +192,7 @@ def test_conditional_expression_is_computed_into_its_target():
     np.testing.assert_array_equal(collatz_ifexp(n), collatz_ifexp.reference(n))
 
 
-@pcbatch.autobatch
+@pcbatch.autobatch(fork=True)
 def fib_fork(n):
     if n <= 1:
         return n

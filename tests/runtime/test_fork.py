@@ -210,7 +210,7 @@ def test_nary_batch256():
     """Random trees of every shape and stdlib ASTs; the (slow, per-example)
     reference on every 8th example (every shape and some ASTs among them), the
     whole batch against fork=False."""
-    fn = nary.nary_tree_lstm
+    fn = forked(nary.nary_tree_lstm)
     params = params_of("nary")
     rand = data.random_binary_trees(192, seed=6, min_leaves=1, max_leaves=MAX_LEAVES, max_nodes=MAX_NODES,
                                     shape=SHAPES, vocab=VOCAB, n_types=2)
