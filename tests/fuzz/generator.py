@@ -16,7 +16,8 @@ parameter defaults, and (sometimes) an entry argument shared by the batch
 The entry call itself binds like Python: some arguments by keyword, in any
 order, defaults skipped (a later keyword after an omitted default); batches
 of 0 and 1 examples; and sometimes tight `max_steps`/`max_stack_depth` limits,
-under which every example the machine does not flag must still be exact.
+under which every example the machine does not flag must still be exact; half
+the programs run with `fork=True`, half with the default `fork="auto"`.
 
 Every generated program is well-defined Python that terminates quickly:
 
@@ -70,6 +71,7 @@ class FuzzCase:
     in_axes: tuple[Any, ...] = ()
     passing: tuple[str, ...] = ()     # per parameter: 'pos', 'kw' or 'omit' (its default is used)
     limits: dict[str, int] | None = None  # max_steps / max_stack_depth, tight enough to stop some examples
+    fork: bool | str = True               # the entry's `fork` option: fork-join, or the default "auto"
 
     def call_args(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The entry call's positional and keyword arguments (keywords in a drawn order)."""
@@ -89,6 +91,7 @@ class FuzzCase:
         notes = [] if all(ax == 0 for ax in self.in_axes) else [f"in_axes={self.in_axes!r}"]
         if self.limits:
             notes.append(f"options {self.limits}")
+        notes.append(f"fork={self.fork!r}")
         note = f"  # {'; '.join(notes)}" if notes else ""
         return f"--- program ---\n{self.source}--- inputs ---\n{self.entry}({', '.join(text)}){note}\n"
 
@@ -632,4 +635,7 @@ def fuzz_cases(draw: Callable, max_stmts: int = SMALL, batch_sizes: tuple[int, .
     if batch > 0 and draw(st.integers(0, 9)) == 0:
         limits = draw(st.sampled_from([{"max_steps": draw(st.integers(1, 60))},
                                        {"max_stack_depth": draw(st.integers(1, 4))}]))
-    return FuzzCase(source, "f0", kinds, max_depth, tuple(inputs), in_axes, tuple(passing), limits, kw_order)
+    # Half fork-join, half the default ("auto": one lane per example for these scalar programs).
+    fork = draw(st.sampled_from([True, "auto"]))
+    return FuzzCase(source, "f0", kinds, max_depth, tuple(inputs), in_axes, tuple(passing), limits, fork,
+                    kw_order)

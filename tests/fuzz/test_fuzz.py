@@ -82,6 +82,8 @@ def check_case(case: FuzzCase) -> None:
 
 def _check(fn, case: FuzzCase) -> None:
     args, kwargs = case.call_args()
+    if case.fork != fn.fork:
+        fn = fn.with_options(fork=case.fork)
     if len(case.inputs) and not any(np.ndim(x) and np.shape(x)[0] for x in case.inputs if np.ndim(x)):
         return _check_empty(fn, case, args, kwargs)
     try:
