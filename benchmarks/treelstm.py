@@ -12,8 +12,9 @@ leaves, random bracketings, padded to 119 nodes, seeded; batch b = the first b
 trees of one stream). Output per tree: the root's (h, c). For each hidden size
 and batch it times, after a warm-up call (compilation excluded):
 
-* **fork-join**: `nary_tree_lstm.checked(params, trees, trees.root)` as the
-  model is (fork-join is pcbatch's default), or with the lane pool and step
+* **fork-join**: `nary_tree_lstm.with_options(fork=True).checked(params,
+  trees, trees.root)` (the default, `fork="auto"`, forks only where
+  `benchmarks/fork_choice.py` found it pays), or with the lane pool and step
   width set by `--lanes-per-example` / `--width-per-example`
   (`with_options(max_lanes=..., lane_width=...)`);
 * **fork=False**: `nary_tree_lstm.with_options(fork=False)`: one lane per
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def variants(batch: int) -> dict[str, tuple[str, Any]]:
         opts = lane_opts(batch)
-        return {"fork": ("fork-join", base.with_options(**opts) if opts else base), "nofork": ("fork=False", nofork)}
+        return {"fork": ("fork-join", base.with_options(fork=True, **opts)), "nofork": ("fork=False", nofork)}
 
     print(f"pcbatch Tree-LSTM  {datetime.datetime.now():%Y-%m-%d %H:%M}  jax {jax.__version__}  "
           f"{jax.devices()[0].platform}  {platform.processor() or platform.machine()}  "
@@ -430,8 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             rows.append(measure(h, b, all_trees, variants(b), repeats, min_time, ref_k))
             print(f"  measured H {h} batch {b} ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
-    fj_note = ("nary_tree_lstm.with_options(" + ", ".join(f"{k}=..." for k in lane_opts(1)) + ") (see above)"
-               if lane_opts(1) else "nary_tree_lstm as is")
+    fj_note = "nary_tree_lstm.with_options(" + ", ".join(["fork=True"] + [f"{k}=..." for k in lane_opts(1)]) + ")"
     rc = print_results(rows, bpn, (fj_note, fork_note))
     widest = max(rows, key=lambda r: r.batch)
     print(f"\ndepth-batched levels at batch {widest.batch} (nodes -> padded width): "

@@ -15,10 +15,11 @@ seeded) with `left_majority` labels. Compared, all on the same batch:
 * **fork-join**: `tree_classifier.encoder`, the model with fork-join lanes
   and the sizes of a training setup: 8 stack frames (no lane recurses while
   the pool lasts) and a gradient tape of 64 rows per block per example;
-* **fork-join, defaults**: `nary.nary_tree_lstm` as it is (128 stack frames,
-  pcbatch's default tape of 256 rows per block per example): the cost of
-  sizes chosen for any program, since a jitted step allocates and zero-fills
-  its stacks and tape every call;
+* **defaults**: `nary.nary_tree_lstm` as it is (`fork="auto"`, which under
+  `jax.jit` runs one lane per example unless the lane pool is small; 128
+  stack frames, pcbatch's default tape of 256 rows per block per example):
+  the cost of sizes chosen for any program, since a jitted step allocates
+  and zero-fills its stacks and tape every call;
 * **fork=False**: one lane per example (64 stack frames: a lane recurses as
   deep as its tree; tape 128: its join block runs once per node);
 * **depth-batched**: `benchmarks.treelstm_baselines.depth_batched_device`
@@ -125,7 +126,7 @@ def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, varia
     return row
 
 
-LABELS = {"fork": "fork-join", "defaults": "fork-join, defaults", "nofork": "fork=False"}
+LABELS = {"fork": "fork-join", "defaults": "defaults (fork='auto')", "nofork": "fork=False"}
 
 
 def main(argv: list[str] | None = None) -> int:

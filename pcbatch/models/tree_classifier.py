@@ -44,7 +44,7 @@ VOCAB = 100
 #: `tape_size=128`; `encoder.tape_info(...)` says what a batch needs). Larger trees
 #: raise `StackOverflowError` / `TapeOverflowError` (under jit: NaN and a
 #: checkify error), never silently wrong; `with_options` changes both.
-encoder = nary.nary_tree_lstm.with_options(max_stack_depth=8, tape_size=64)
+encoder = nary.nary_tree_lstm.with_options(fork=True, max_stack_depth=8, tape_size=64)
 
 
 class LabelledTrees(NamedTuple):
