@@ -11,6 +11,10 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_REPO, ".cache", "jax"))
 # Most machines here compile in 0.1-2 s; JAX's default threshold (1 s) would skip half of them.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+# The tests run small inputs: LLVM's optimizations cost more compile time than they save
+# there (tests/runtime/test_fork.py, cold: 2m44 -> 2m15). Results are checked with the
+# same tolerances either way. Your own XLA_FLAGS win.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
