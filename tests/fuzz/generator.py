@@ -16,8 +16,9 @@ parameter defaults, and (sometimes) an entry argument shared by the batch
 The entry call itself binds like Python: some arguments by keyword, in any
 order, defaults skipped (a later keyword after an omitted default); batches
 of 0 and 1 examples; and sometimes tight `max_steps`/`max_stack_depth` limits,
-under which every example the machine does not flag must still be exact; half
-the programs run with `fork=True`, half with the default `fork="auto"`.
+under which every example the machine does not flag must still be exact; each
+case runs with `fork=True` (1 or 2 compiled lane widths) or the default
+`fork="auto"` (one lane per example for these scalar programs).
 
 Every generated program is well-defined Python that terminates quickly:
 
@@ -72,6 +73,7 @@ class FuzzCase:
     passing: tuple[str, ...] = ()     # per parameter: 'pos', 'kw' or 'omit' (its default is used)
     limits: dict[str, int] | None = None  # max_steps / max_stack_depth, tight enough to stop some examples
     fork: bool | str = True               # the entry's `fork` option: fork-join, or the default "auto"
+    max_widths: int | None = None         # fork=True: the pool's compiled widths (Tuning.max_widths)
 
     def call_args(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The entry call's positional and keyword arguments (keywords in a drawn order)."""
@@ -91,7 +93,7 @@ class FuzzCase:
         notes = [] if all(ax == 0 for ax in self.in_axes) else [f"in_axes={self.in_axes!r}"]
         if self.limits:
             notes.append(f"options {self.limits}")
-        notes.append(f"fork={self.fork!r}")
+        notes.append(f"fork={self.fork!r}" + (f", max_widths={self.max_widths}" if self.max_widths else ""))
         note = f"  # {'; '.join(notes)}" if notes else ""
         return f"--- program ---\n{self.source}--- inputs ---\n{self.entry}({', '.join(text)}){note}\n"
 
@@ -596,8 +598,11 @@ def programs(draw: Callable, max_stmts: int = SMALL) -> tuple[str, tuple[str, ..
 
 
 @st.composite
-def fuzz_cases(draw: Callable, max_stmts: int = SMALL, batch_sizes: tuple[int, ...] = BATCH_SIZES) -> FuzzCase:
-    """A random program and a random batch of inputs for its entry function `f0`."""
+def fuzz_cases(draw: Callable, max_stmts: int = SMALL, batch_sizes: tuple[int, ...] = BATCH_SIZES,
+               forks: tuple[bool | str, ...] = (True, "auto")) -> FuzzCase:
+    """A random program and a random batch of inputs for its entry function `f0`,
+    run with one of `forks` as its `fork` option (fork-join with 1 or 2
+    compiled widths: each width is another compiled copy of every block)."""
     source, kinds, max_depth, in_axes, defaults = draw(programs(max_stmts))
     # Few empty batches: they compile nothing, but are a case of their own.
     batch = draw(st.sampled_from(batch_sizes if draw(st.integers(0, 9)) == 0 else
@@ -635,7 +640,7 @@ def fuzz_cases(draw: Callable, max_stmts: int = SMALL, batch_sizes: tuple[int, .
     if batch > 0 and draw(st.integers(0, 9)) == 0:
         limits = draw(st.sampled_from([{"max_steps": draw(st.integers(1, 60))},
                                        {"max_stack_depth": draw(st.integers(1, 4))}]))
-    # Half fork-join, half the default ("auto": one lane per example for these scalar programs).
-    fork = draw(st.sampled_from([True, "auto"]))
+    fork = draw(st.sampled_from(forks))
+    max_widths = draw(st.sampled_from([1, 2])) if fork is True else None
     return FuzzCase(source, "f0", kinds, max_depth, tuple(inputs), in_axes, tuple(passing), limits, fork,
-                    kw_order)
+                    max_widths, kw_order)

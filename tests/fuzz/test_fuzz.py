@@ -1,7 +1,8 @@
 """Random-program differential test: autobatched result == per-example Python.
 
-`test_fuzz_programs` runs `PCBATCH_FUZZ_EXAMPLES` programs (default 200) in
-`make test`; `test_fuzz_long` (marked slow) runs `PCBATCH_FUZZ_EXAMPLES`
+`test_fuzz_programs` runs `PCBATCH_FUZZ_EXAMPLES` programs (default 100, under
+the default `fork="auto"`) in `make test`, `test_fuzz_forked.py` as many with
+`fork=True`; `test_fuzz_long` (marked slow, both fork settings) runs `PCBATCH_FUZZ_EXAMPLES`
 (default 10,000) under `make fuzz`.  `PCBATCH_FUZZ_SEED=<int>` replaces the
 derandomized default sequence of programs with another one.
 
@@ -23,6 +24,8 @@ import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
+
+import pcbatch
 
 from .generator import LARGE, SMALL, FuzzCase, fuzz_cases
 
@@ -80,10 +83,17 @@ def check_case(case: FuzzCase) -> None:
         _unload(module)
 
 
+def configured(fn, case: FuzzCase):
+    """`fn` with the case's `fork` option (and, with fork=True, its compiled widths)."""
+    if case.fork == fn.fork and not case.max_widths:
+        return fn
+    tuning = pcbatch.Tuning(max_widths=case.max_widths) if case.max_widths else fn.tuning
+    return fn.with_options(fork=case.fork, tuning=tuning)
+
+
 def _check(fn, case: FuzzCase) -> None:
     args, kwargs = case.call_args()
-    if case.fork != fn.fork:
-        fn = fn.with_options(fork=case.fork)
+    fn = configured(fn, case)
     if len(case.inputs) and not any(np.ndim(x) and np.shape(x)[0] for x in case.inputs if np.ndim(x)):
         return _check_empty(fn, case, args, kwargs)
     try:
@@ -123,8 +133,8 @@ def _check_empty(fn, case: FuzzCase, args, kwargs) -> None:
         raise AssertionError(f"empty batch: got {got}, expected {want}\n" + case.describe())
 
 
-def _run(n: int, max_stmts: int) -> int:
-    """Check `n` random programs; returns how many ran."""
+def _run(n: int, max_stmts: int, forks: tuple[bool | str, ...] = (True, "auto")) -> int:
+    """Check `n` random programs, each run with one of `forks`; returns how many ran."""
     count = [0]
     options = dict(max_examples=n, database=None, report_multiple_bugs=False,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -139,7 +149,7 @@ def _run(n: int, max_stmts: int) -> int:
         if count[0] % 500 == 0:
             jax.clear_caches()
 
-    test = settings(**options)(given(fuzz_cases(max_stmts))(prop))
+    test = settings(**options)(given(fuzz_cases(max_stmts, forks=forks))(prop))
     if user_seed:
         test = seed(int(user_seed))(test)
     test()
@@ -151,9 +161,11 @@ def _examples(default: int) -> int:
 
 
 def test_fuzz_programs():
-    """`make test`: a fixed set of 200 random programs (or `PCBATCH_FUZZ_EXAMPLES`)."""
-    n = _examples(200)
-    ran = _run(n, SMALL)
+    """`make test`: a fixed set of 100 random programs (or `PCBATCH_FUZZ_EXAMPLES`)
+    under the default `fork="auto"`; `test_fuzz_forked.py` runs another 100
+    with `fork=True` (two files: xdist runs them side by side)."""
+    n = _examples(100)
+    ran = _run(n, SMALL, forks=("auto",))
     print(f"fuzz: {ran} programs", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
 

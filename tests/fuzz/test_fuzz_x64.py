@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from .generator import LARGE, SMALL, FuzzCase, fuzz_cases
-from .test_fuzz import _load, _mismatch, _unload
+from .test_fuzz import _load, _mismatch, _unload, configured
 
 
 def _x64_on():
@@ -55,7 +55,7 @@ def check_case_x64(case: FuzzCase) -> None:
     module = _load(case.source)
     try:
         with _x64_on():
-            fn = getattr(module, case.entry)
+            fn = configured(getattr(module, case.entry), case)
             ref = fn.reference(*case.inputs)
             try:
                 out = fn(*case.inputs)
