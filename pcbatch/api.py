@@ -84,7 +84,9 @@ class Autobatched:
     # --- the program at each level --------------------------------------
 
     def ir(self) -> Program:
-        """The block IR (Figure 2): one control-flow graph per function."""
+        """The block IR (Figure 2): one control-flow graph per function (with
+        `fork="auto"`, the IR with forks; `f.lowered(*args)` shows whether a
+        call keeps them)."""
         return block_ir(self.target, self._callee, self.options, self._cache)
 
     def lowered(self, *args: Any, **kwargs: Any) -> StackProgram:
