@@ -1,7 +1,7 @@
 """Random-program differential test: autobatched result == per-example Python.
 
-`test_fuzz_programs` runs `PCBATCH_FUZZ_EXAMPLES` programs (default 100, under
-the default `fork="auto"`) in `make test`, `test_fuzz_forked.py` as many with
+`test_fuzz_programs` runs `PCBATCH_FUZZ_EXAMPLES` programs (default 100, in 4
+tests of 25, under the default `fork="auto"`) in `make test`, `test_fuzz_forked.py` as many with
 `fork=True`; `test_fuzz_long` (marked slow, both fork settings) runs `PCBATCH_FUZZ_EXAMPLES`
 (default 10,000) under `make fuzz`.  `PCBATCH_FUZZ_SEED=<int>` replaces the
 derandomized default sequence of programs with another one.
@@ -133,14 +133,17 @@ def _check_empty(fn, case: FuzzCase, args, kwargs) -> None:
         raise AssertionError(f"empty batch: got {got}, expected {want}\n" + case.describe())
 
 
-def _run(n: int, max_stmts: int, forks: tuple[bool | str, ...] = (True, "auto")) -> int:
-    """Check `n` random programs, each run with one of `forks`; returns how many ran."""
+def _run(n: int, max_stmts: int, forks: tuple[bool | str, ...] = (True, "auto"), chunk: int | None = None) -> int:
+    """Check `n` random programs, each run with one of `forks`; returns how
+    many ran. `chunk` k draws the k-th fixed sequence of programs (the default
+    sequence is derandomized; `PCBATCH_FUZZ_SEED` replaces either)."""
     count = [0]
     options = dict(max_examples=n, database=None, report_multiple_bugs=False,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                           HealthCheck.large_base_example])
     user_seed = os.environ.get("PCBATCH_FUZZ_SEED")
-    if user_seed:
+    fixed = int(user_seed) * 1000 + (chunk or 0) if user_seed else chunk
+    if fixed is not None:
         options["derandomize"] = False
 
     def prop(case: FuzzCase) -> None:
@@ -150,8 +153,8 @@ def _run(n: int, max_stmts: int, forks: tuple[bool | str, ...] = (True, "auto"))
             jax.clear_caches()
 
     test = settings(**options)(given(fuzz_cases(max_stmts, forks=forks))(prop))
-    if user_seed:
-        test = seed(int(user_seed))(test)
+    if fixed is not None:
+        test = seed(fixed)(test)
     test()
     return count[0]
 
@@ -160,12 +163,16 @@ def _examples(default: int) -> int:
     return int(os.environ.get("PCBATCH_FUZZ_EXAMPLES", default))
 
 
-def test_fuzz_programs():
-    """`make test`: a fixed set of 100 random programs (or `PCBATCH_FUZZ_EXAMPLES`)
-    under the default `fork="auto"`; `test_fuzz_forked.py` runs another 100
+CHUNKS = 4  # make test's programs in 4 tests of a fixed sequence each (each well under 30 s)
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_fuzz_programs(chunk):
+    """`make test`: 4 x 25 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` in
+    all) under the default `fork="auto"`; `test_fuzz_forked.py` runs as many
     with `fork=True` (two files: xdist runs them side by side)."""
-    n = _examples(100)
-    ran = _run(n, SMALL, forks=("auto",))
+    n = -(-_examples(100) // CHUNKS)
+    ran = _run(n, SMALL, forks=("auto",), chunk=chunk)
     print(f"fuzz: {ran} programs", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from .generator import SMALL
-from .test_fuzz import _examples, _run
+from .test_fuzz import CHUNKS, _examples, _run
 
 
-def test_fuzz_forked_programs():
-    """`make test`: a fixed set of 100 random programs (or `PCBATCH_FUZZ_EXAMPLES`) with fork=True."""
-    n = _examples(100)
-    ran = _run(n, SMALL, forks=(True,))
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_fuzz_forked_programs(chunk):
+    """`make test`: 4 x 25 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` in all) with fork=True."""
+    n = -(-_examples(100) // CHUNKS)
+    ran = _run(n, SMALL, forks=(True,), chunk=CHUNKS + chunk)
     print(f"fuzz (fork=True): {ran} programs", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
