@@ -226,9 +226,9 @@ def executable(target: BoundFunction, callee: Callee, signature: Signature, opti
     choice = None
     fork = options.fork
     if fork == "auto":  # lowered with forks; kept only where they are expected to pay
-        choice = cache.get(("fork choice", signature, traced), lambda: fork_choice(
-            specialized(target, callee, signature, options, cache, True), signature, options, traced))
         with_forks = specialized(target, callee, signature, options, cache, True)
+        choice = cache.get(("fork choice", signature, traced),
+                           lambda: fork_choice(with_forks, signature, options, traced))
         fork = choice.fork or not with_forks.has_forks  # nothing forks: the program lowered with forks is the same
     return cache.get(("machine", signature, fork), lambda: compile_program(
         specialized(target, callee, signature, options, cache, fork), signature, options, choice, on_trace))
