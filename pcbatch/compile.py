@@ -110,9 +110,9 @@ def fork_choice(prog: StackProgram, signature: Signature, options: Options, trac
     if prog.has_forks and (options.max_lanes is not None or options.lane_width is not None):
         return ForkChoice(True, "max_lanes or lane_width was given: the fork-join lane pool was asked for")
     batch = signature.local_batch
-    lanes, config = machine_config(prog, batch, options)
+    lanes, _ = machine_config(prog, batch, options)
     pool_bytes = frame_bytes(prog) * options.max_stack_depth * lanes
-    return choose_fork(prog, batch, lanes, config.lane_width, pool_bytes, traced, options.tuning)
+    return choose_fork(prog, batch, lanes, pool_bytes, traced, options.tuning)
 
 
 @dataclass(eq=False)

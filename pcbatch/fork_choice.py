@@ -1,17 +1,21 @@
 """`fork="auto"`: whether a program's independent calls get lanes of their own.
 
-Fork-join trades more work per step (a lane pool to keep, spawns and joins to
-run, steps padded to a compiled width) for fewer steps (a tree level by level,
-not node by node). Measured on CPU (`benchmarks/fork_choice.py`) it pays only
-when all of these hold, so `"auto"` forks exactly then:
+Without forks every example keeps one lane, and a step runs one block on the
+examples waiting there. That is already well batched when the examples move
+in step (fib: every example runs the same blocks in the same order). It is not
+when each example walks its own data (a parse tree of its own shape): the
+examples drift apart, most steps run few of them, and fork-join, which runs a
+tree level by level in lanes of its own, wins (2x on the syntax trees of
+Python's standard library at batch 16-128, `benchmarks/fork_choice.py`).
+Where the calls only count (fib, a numeric recursion on vectors) forking
+costs 1.2-25x more than it saves. So `"auto"` forks exactly when all hold:
 
-* a step has real work to share: the largest value one call keeps, times the
-  batch (counted up to 16), has at least `Tuning.fork_min_step_elements`
-  elements (a Tree-LSTM's `h` and `c`, not fib's `n`: scalar recursions run
-  2-30x faster one lane per example; one tree alone forks only at H >= 256);
-* the batch leaves room to spread out: a step may run at least
-  `Tuning.fork_min_parallelism` lanes per example (by default up to batch
-  128), and the pool holds `Tuning.fork_min_pool_lanes` per example (fewer,
+* a forked call's argument is read from an example's data: computed, directly
+  or through other values, from an input array that stays the same for the
+  whole call (a tree's child index), not only from numbers the calls pass on;
+* the batch has at least `Tuning.fork_min_batch` examples (fewer leave too
+  little to share between a step's lanes: 1.1-2.4x slower below 8);
+* the lane pool holds `Tuning.fork_min_pool_lanes` lanes per example (fewer,
   and calls fall back to running one after another in their caller's lane);
 * the lane pool's stacks are cheap to set up: outside `jax.jit` they are built
   once and reused; a traced call (under `jax.jit` or a gradient) builds them
@@ -26,15 +30,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
-from typing import Any
 
 import jax
 
-from pcbatch.ir.core import CONSTANT, INVARIANT, StackProgram
+from pcbatch.ir.core import CONSTANT, INVARIANT, Fork, Prim, StackProgram
 from pcbatch.runtime.options import Tuning
-
-
-_BATCH_COUNTED = 16  # beyond this many examples a step's work no longer favours forking
 
 
 @dataclass(frozen=True)
@@ -45,35 +45,47 @@ class ForkChoice:
     reason: str
 
 
-def lane_elements(prog: StackProgram) -> int:
-    """The most elements of any value one call keeps (per example; constants
-    and per-example invariants such as the input tree excluded)."""
-    sizes = [sum(prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(t))
-             for v, t in prog.var_types.items() if prog.var_class.get(v) not in (CONSTANT, INVARIANT)]
-    return max(sizes, default=1)
+def walks_data(prog: StackProgram) -> bool:
+    """Whether some forked call's argument is computed from an input array that
+    every call shares (a per-example invariant or a constant with more than
+    one element): the calls walk a data structure."""
+    def is_array(v: str) -> bool:
+        leaves = jax.tree_util.tree_leaves(prog.var_types.get(v))
+        return any(prod(leaf.shape) > 1 for leaf in leaves)
+
+    derived = {v for v, c in prog.var_class.items() if c in (INVARIANT, CONSTANT) and is_array(v)}
+    prims = [op for blk in prog.blocks for op in blk.ops if isinstance(op, Prim)]
+    grew = True
+    while grew:  # values computed from the data, however indirectly
+        grew = False
+        for op in prims:
+            if not derived.issuperset(op.outs) and derived.intersection(op.ins):
+                derived.update(op.outs)
+                grew = True
+    return any(a in derived for blk in prog.blocks if isinstance(blk.term, Fork)
+               for call in blk.term.calls for a in call.args)
 
 
-def choose_fork(prog: StackProgram, batch: int, lanes: int, width: int, pool_bytes: int, traced: bool,
+def choose_fork(prog: StackProgram, batch: int, lanes: int, pool_bytes: int, traced: bool,
                 tuning: Tuning) -> ForkChoice:
     """Fork-join for `prog` (lowered with forks) on `batch` examples, with a
-    pool of `lanes` lanes whose stacks take `pool_bytes`, steps of up to
-    `width` lanes; `traced`: the call is traced (its pool cannot be reused)."""
+    pool of `lanes` lanes whose stacks take `pool_bytes`; `traced`: the call
+    is traced (its pool cannot be reused)."""
     if not prog.has_forks:
         return ForkChoice(False, "the program has no independent calls to fork")
-    elements = lane_elements(prog)
-    step = elements * min(batch, _BATCH_COUNTED)
-    if step < tuning.fork_min_step_elements:
-        return ForkChoice(False, f"a step has little work to share ({elements} element{'s' * (elements != 1)} per "
-                                 f"call x {min(batch, _BATCH_COUNTED)} examples < fork_min_step_elements="
-                                 f"{tuning.fork_min_step_elements}): spawning costs more than it saves")
-    per_step, in_pool = min(lanes, width) // batch, lanes // batch
-    if per_step < tuning.fork_min_parallelism or in_pool < tuning.fork_min_pool_lanes:
-        return ForkChoice(False, f"the batch leaves too few lanes to spread into ({per_step} per step and {in_pool} "
-                                 f"in the pool per example; fork_min_parallelism={tuning.fork_min_parallelism}, "
-                                 f"fork_min_pool_lanes={tuning.fork_min_pool_lanes})")
+    if not walks_data(prog):
+        return ForkChoice(False, "the forked calls' arguments are not read from the examples' data (as in fib): "
+                                 "the examples run in step without forking, and forking costs more than it saves")
+    if batch < tuning.fork_min_batch:
+        return ForkChoice(False, f"the batch is small ({batch} < fork_min_batch={tuning.fork_min_batch}): too "
+                                 f"little to share between a step's lanes")
+    in_pool = lanes // batch
+    if in_pool < tuning.fork_min_pool_lanes:
+        return ForkChoice(False, f"the lane pool is small ({in_pool} lanes per example < fork_min_pool_lanes="
+                                 f"{tuning.fork_min_pool_lanes}): most calls would run one after another anyway")
     if traced and pool_bytes > tuning.fork_max_traced_pool_bytes:
         return ForkChoice(False, f"traced calls build the lane pool's stacks afresh each time, and they are large "
                                  f"({pool_bytes / 2**20:.1f} MiB > fork_max_traced_pool_bytes="
                                  f"{tuning.fork_max_traced_pool_bytes})")
-    return ForkChoice(True, f"a step has work to share ({elements} elements per call) and {per_step} lanes per "
-                            f"example to spread into")
+    return ForkChoice(True, f"the forked calls walk each example's data, which drifts apart without forking; "
+                            f"{batch} examples, {in_pool} lanes each in the pool")

@@ -22,7 +22,7 @@ costs what the lanes it runs need.
   never wrong.
 
 Each step `lax.switch` runs the chosen block on its lanes gathered into a
-dense batch of the narrowest of up to 4 compiled widths that holds them, and
+dense batch of the narrowest compiled width that holds them (one by default), and
 returns only those rows' new values. They are scattered into the pool after
 the switch (in place: XLA copies every full-size array a switch returns),
 each register's under a `lax.cond` that skips blocks which do not write it.

@@ -9,7 +9,8 @@ import pytest
 
 import pcbatch
 from pcbatch.errors import OptionError
-from pcbatch.fork_choice import choose_fork, lane_elements
+from pcbatch import data
+from pcbatch.fork_choice import choose_fork, walks_data
 
 H = 64
 
@@ -23,14 +24,38 @@ def fib(n):
 
 @pcbatch.autobatch(in_axes=(None, 0))
 def vec_tree(w, n):
-    """A recursion whose calls keep H-vectors (a Tree-RNN's shape of work)."""
+    """A numeric recursion on H-vectors: the calls only count down."""
     if n <= 1:
         return jnp.tanh(w[0] * n)
     return jnp.tanh(w @ (vec_tree(w, n - 1) + vec_tree(w, n - 2)))
 
 
+@pcbatch.autobatch(in_axes=(None, 0, 0))
+def tree_rnn(w, tree, node):
+    """A recursion over each example's own tree (a Tree-RNN's shape of work)."""
+    left = tree.children[node, 0]
+    if left < 0:
+        return jnp.tanh(w[0] * (tree.word[node] % 7))
+    return jnp.tanh(w @ (tree_rnn(w, tree, left) + tree_rnn(w, tree, tree.children[node, 1])))
+
+
+@pcbatch.autobatch(in_axes=(0, 0))
+def tree_size(tree, node):
+    """The same walk with scalar work."""
+    left = tree.children[node, 0]
+    if left < 0:
+        return 1
+    child = tree.children[node, 1]  # through another value: still read from the tree
+    return 1 + tree_size(tree, left) + tree_size(tree, child)
+
+
 def weights():
     return jnp.asarray(np.random.default_rng(0).normal(size=(H, H)) / H, jnp.float32)
+
+
+def trees(batch):
+    t = data.batch(data.random_binary_trees(batch, seed=batch, min_leaves=2, max_leaves=12))
+    return t, t.root
 
 
 def choice(f, *args, traced=False):
@@ -46,40 +71,50 @@ def assert_agree(want, *calls):
         np.testing.assert_allclose(np.asarray(call()), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
-def test_scalar_recursion_does_not_fork():
+def test_counting_recursion_does_not_fork():
     n = jnp.arange(9)
     c = choice(fib, n)
-    assert c.fork is False and "little work" in c.reason
+    assert c.fork is False and "not read from the examples' data" in c.reason
     assert not fib.executable(n)[0].prog.has_forks
     forked = fib.with_options(fork=True)
     assert forked.executable(n)[0].prog.has_forks
     assert_agree(fib.reference(n), lambda: fib(n), lambda: jax.jit(fib)(n), lambda: forked(n))
-
-
-def test_vector_recursion_forks_at_small_batch_eagerly():
+    # work per call does not change that: the examples still run in step
     n = jnp.array([3, 6, 1, 5, 4, 2, 6, 0])
-    c = choice(vec_tree, weights(), n)
-    assert c.fork is True, c.reason
-    assert vec_tree.executable(weights(), n)[0].prog.has_forks
-    # eagerly with forks; under jit without (next test): both equal the Python
-    assert_agree(vec_tree.reference(weights(), n), lambda: vec_tree(weights(), n),
-                 lambda: jax.jit(vec_tree)(weights(), n))
+    assert choice(vec_tree, weights(), n).fork is False
+
+
+def test_tree_walks_fork_eagerly_and_under_jit():
+    tree, root = trees(8)
+    for traced in (False, True):
+        c = choice(tree_size, tree, root, traced=traced)
+        assert c.fork is True, c.reason
+    assert tree_size.executable(tree, root)[0].prog.has_forks
+    assert_agree(tree_size.reference(tree, root), lambda: tree_size(tree, root),
+                 lambda: jax.jit(tree_size)(tree, root), lambda: tree_size.with_options(fork=False)(tree, root))
 
 
 def test_traced_call_with_a_large_pool_does_not_fork():
-    n = jnp.array([3, 6, 1, 5, 4, 2, 6, 0])
-    c = choice(vec_tree, weights(), n, traced=True)
+    tree, root = trees(8)
+    assert choice(tree_rnn, weights(), tree, root).fork is True
+    c = choice(tree_rnn, weights(), tree, root, traced=True)
     assert c.fork is False and "afresh" in c.reason
-    small = vec_tree.with_options(tuning=pcbatch.Tuning(fork_max_traced_pool_bytes=1 << 40))
-    assert choice(small, weights(), n, traced=True).fork is True
+    small = tree_rnn.with_options(tuning=pcbatch.Tuning(fork_max_traced_pool_bytes=1 << 40))
+    assert choice(small, weights(), tree, root, traced=True).fork is True
+    # eagerly with forks; under jit without: both equal the Python
+    assert_agree(tree_rnn.reference(weights(), tree, root), lambda: tree_rnn(weights(), tree, root),
+                 lambda: jax.jit(tree_rnn)(weights(), tree, root))
 
 
-def test_large_batch_does_not_fork():
-    n = jnp.asarray(np.random.default_rng(1).integers(0, 6, 256))
-    c = choice(vec_tree, weights(), n)
-    assert c.fork is False and "too few lanes" in c.reason
-    np.testing.assert_allclose(np.asarray(vec_tree(weights(), n)),
-                               np.asarray(vec_tree.with_options(fork=True)(weights(), n)), rtol=1e-5, atol=1e-6)
+def test_small_batch_or_small_pool_does_not_fork():
+    tree, root = trees(4)
+    c = choice(tree_size, tree, root)
+    assert c.fork is False and "batch is small" in c.reason
+    np.testing.assert_array_equal(np.asarray(tree_size(tree, root)), np.asarray(tree_size.reference(tree, root)))
+    tree, root = trees(8)
+    crowded = tree_size.with_options(tuning=pcbatch.Tuning(max_pool_lanes=8 * 7))
+    c = choice(crowded, tree, root)
+    assert c.fork is False and "pool is small" in c.reason
 
 
 def test_program_without_forks():
@@ -94,17 +129,15 @@ def test_program_without_forks():
 
 def test_rule_thresholds():
     """Each condition decides on its own (numbers straight into the rule)."""
-    prog = vec_tree.with_options(fork=True).executable(weights(), jnp.arange(4))[0].prog
-    assert lane_elements(prog) == H
+    prog = tree_size.with_options(fork=True).executable(*trees(8))[0].prog
+    assert walks_data(prog)
+    assert not walks_data(fib.with_options(fork=True).executable(jnp.arange(4))[0].prog)
     tuning = pcbatch.Tuning()
-    args = dict(lanes=128 * 8, width=128, pool_bytes=1 << 20, traced=False, tuning=tuning)
+    args = dict(lanes=8 * 8, pool_bytes=1 << 20, traced=False, tuning=tuning)
     assert choose_fork(prog, 8, **args).fork
-    # H elements x batch below the step threshold
-    assert not choose_fork(prog, 8, **{**args, "tuning": pcbatch.Tuning(fork_min_step_elements=8 * H + 1)}).fork
-    assert choose_fork(prog, 8, **{**args, "tuning": pcbatch.Tuning(fork_min_step_elements=8 * H)}).fork
-    # too few lanes per example in a step, or in the pool
-    assert not choose_fork(prog, 8, **{**args, "width": 8 * 16 - 1}).fork
-    assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 64 - 1}).fork
+    assert not choose_fork(prog, 7, **{**args, "lanes": 7 * 8}).fork  # batch below fork_min_batch
+    assert choose_fork(prog, 7, **{**args, "lanes": 7 * 8, "tuning": pcbatch.Tuning(fork_min_batch=7)}).fork
+    assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 8 - 1}).fork  # pool below 8 lanes per example
     # traced: the pool's size matters
     assert choose_fork(prog, 8, **{**args, "traced": True, "pool_bytes": tuning.fork_max_traced_pool_bytes}).fork
     assert not choose_fork(prog, 8, **{**args, "traced": True,

@@ -64,10 +64,11 @@ def test_bad_tuning_is_a_named_error(bad):
 
 
 def test_tuning_widths_halve_to_the_minimum():
-    assert pcbatch.Tuning().widths(256) == [32, 64, 128, 256]
+    assert pcbatch.Tuning().widths(256) == [256]  # one compiled width by default
+    assert pcbatch.Tuning(max_widths=4).widths(256) == [32, 64, 128, 256]
     assert pcbatch.Tuning(max_widths=2).widths(256) == [128, 256]
-    assert pcbatch.Tuning(min_width=100).widths(256) == [128, 256]
-    assert pcbatch.Tuning().widths(20) == [20]
+    assert pcbatch.Tuning(max_widths=4, min_width=100).widths(256) == [128, 256]
+    assert pcbatch.Tuning(max_widths=4).widths(20) == [20]
 
 
 def test_options_object_keywords_and_with_options_agree():
