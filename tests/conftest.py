@@ -11,10 +11,13 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_REPO, ".cache", "jax"))
 # Most machines here compile in 0.1-2 s; JAX's default threshold (1 s) would skip half of them.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
-# The tests run small inputs: LLVM's optimizations cost more compile time than they save
-# there (tests/runtime/test_fork.py, cold: 2m44 -> 2m15). Results are checked with the
-# same tolerances either way. Your own XLA_FLAGS win.
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+# The tests run small inputs, where compiling costs more than running: no LLVM
+# optimizations (tests/runtime/test_fork.py, cold: 2m44 -> 2m15) and XLA:CPU's older
+# elemental emitters instead of its fusion emitters (tests/core/test_corpus.py: 56 s -> 37 s).
+# Results are checked with the same tolerances either way. Your own XLA_FLAGS win; tests
+# that start a process with flags of their own add these (`TEST_XLA_FLAGS`).
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+os.environ.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

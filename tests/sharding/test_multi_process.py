@@ -39,7 +39,8 @@ CHECKS = {
 
 def worker(process_id: int, num_processes: int, port: int, group: str, devices: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    # The device count after the flags the tests run with (tests/conftest.py): the last one wins.
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
     import jax
     # Cross-process collectives on CPU (gloo is JAX 0.10's default; said for older
     # versions): the machine's loop needs none, gathering results and padding do.
@@ -218,7 +219,6 @@ def launch(group: str, processes: int = PROCESSES, devices: int = DEVICES_PER_PR
     """Run the worker group in `processes` processes of `devices` CPU devices each; their outputs."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
            "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)  # the worker sets its own device count
     port = free_port()
     logs = [tempfile.TemporaryFile("w+") for _ in range(processes)]
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), str(i), str(processes), str(port), group, str(devices)],

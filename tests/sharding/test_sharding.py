@@ -46,7 +46,8 @@ def fib(n):
 
 
 def test_on_four_devices_in_a_subprocess():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"  # the last one wins
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                            os.path.join(HERE, "multidevice_cases.py")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
