@@ -112,7 +112,7 @@ def test_small_batch_or_small_pool_does_not_fork():
     assert c.fork is False and "batch is small" in c.reason
     np.testing.assert_array_equal(np.asarray(tree_size(tree, root)), np.asarray(tree_size.reference(tree, root)))
     tree, root = trees(8)
-    crowded = tree_size.with_options(tuning=pcbatch.Tuning(max_pool_lanes=8 * 7))
+    crowded = tree_size.with_options(tuning=pcbatch.Tuning(max_pool_lanes=8 * 31))
     c = choice(crowded, tree, root)
     assert c.fork is False and "pool is small" in c.reason
 
@@ -133,11 +133,11 @@ def test_rule_thresholds():
     assert walks_data(prog)
     assert not walks_data(fib.with_options(fork=True).executable(jnp.arange(4))[0].prog)
     tuning = pcbatch.Tuning()
-    args = dict(lanes=8 * 8, pool_bytes=1 << 20, traced=False, tuning=tuning)
+    args = dict(lanes=8 * 32, pool_bytes=1 << 20, traced=False, tuning=tuning)
     assert choose_fork(prog, 8, **args).fork
-    assert not choose_fork(prog, 7, **{**args, "lanes": 7 * 8}).fork  # batch below fork_min_batch
-    assert choose_fork(prog, 7, **{**args, "lanes": 7 * 8, "tuning": pcbatch.Tuning(fork_min_batch=7)}).fork
-    assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 8 - 1}).fork  # pool below 8 lanes per example
+    assert not choose_fork(prog, 7, **{**args, "lanes": 7 * 32}).fork  # batch below fork_min_batch
+    assert choose_fork(prog, 7, **{**args, "lanes": 7 * 32, "tuning": pcbatch.Tuning(fork_min_batch=7)}).fork
+    assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 32 - 1}).fork  # pool below 32 lanes per example
     # traced: the pool's size matters
     assert choose_fork(prog, 8, **{**args, "traced": True, "pool_bytes": tuning.fork_max_traced_pool_bytes}).fork
     assert not choose_fork(prog, 8, **{**args, "traced": True,
