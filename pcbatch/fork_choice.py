@@ -1,14 +1,13 @@
 """`fork="auto"`: whether a program's independent calls get lanes of their own.
 
 Without forks every example keeps one lane, and a step runs one block on the
-examples waiting there. That is already well batched when the examples move
-in step (fib: every example runs the same blocks in the same order). It is not
-when each example walks its own data (a parse tree of its own shape): the
-examples drift apart, most steps run few of them, and fork-join, which runs a
-tree level by level in lanes of its own, wins (2x on the syntax trees of
-Python's standard library at batch 16-128, `benchmarks/fork_choice.py`).
-Where the calls only count (fib, a numeric recursion on vectors) forking
-costs 1.2-25x more than it saves. So `"auto"` forks exactly when all hold:
+examples waiting there. Examples that each walk their own data (a parse tree
+of its own shape) drift apart, so most steps run few of them; fork-join runs
+each tree level by level in lanes of its own and wins (2x on the syntax trees
+of Python's standard library at batch 16-128, `benchmarks/fork_choice.py`).
+Where the calls only count (fib, a numeric recursion on vectors), forking cost
+1.2-25x more than it saved (fib's calls also multiply faster than any pool
+holds them). So `"auto"` forks exactly when all hold:
 
 * a forked call's argument is read from an example's data: computed, directly
   or through other values, from an input array that stays the same for the
@@ -74,8 +73,8 @@ def choose_fork(prog: StackProgram, batch: int, lanes: int, pool_bytes: int, tra
     if not prog.has_forks:
         return ForkChoice(False, "the program has no independent calls to fork")
     if not walks_data(prog):
-        return ForkChoice(False, "the forked calls' arguments are not read from the examples' data (as in fib): "
-                                 "the examples run in step without forking, and forking costs more than it saves")
+        return ForkChoice(False, "the forked calls only count (their arguments are not read from each example's "
+                                 "data, as in fib): such recursions ran 1.2-25x faster without forking")
     if batch < tuning.fork_min_batch:
         return ForkChoice(False, f"the batch is small ({batch} < fork_min_batch={tuning.fork_min_batch}): too "
                                  f"little to share between a step's lanes")
