@@ -59,7 +59,7 @@ def cases(batches: list[int]):
         yield "Tree-LSTM H 64 (stdlib ASTs)", b, nary.nary_tree_lstm, (params, t, t.root)
 
 
-def chosen(f, xs, traced: bool):
+def chosen(f, xs, traced: bool = False):
     """What the default chose for these arguments, called eagerly or traced."""
     if not traced:
         return f.executable(*xs)[0].fork_choice

@@ -322,18 +322,19 @@ def autobatch(fn: Callable | None = None, *, options: Options | None = None, **c
       fork: `True` runs independent calls (`f(l) + f(r)`) at once in lanes of
         their own, so a tree is processed level by level, not node by node.
         `False`: one lane per example, calls one after another. `"auto"` (the
-        default) forks only where it is expected to pay: the calls keep
-        vectors (not scalars), the batch is small enough to leave lanes to
-        spread into, and, under `jax.jit`, the lane pool is small, or where
-        `max_lanes` or `lane_width` is given (see
+        default) forks only where it is expected to pay: the forked calls
+        walk each example's data (an argument read from an input array, such
+        as a tree's child index), the batch has at least 8 examples and the
+        pool 32 lanes per example, and, under `jax.jit`, the lane pool is
+        small; or where `max_lanes` or `lane_width` is given (see
         `pcbatch.fork_choice`; `f.executable(*args)[0].fork_choice` says
         what it chose and why).
       max_lanes: the fork-join lane pool (default 128 per example, at most
         16384, fewer if the stacks, `max_stack_depth` frames per lane, would
         pass 1 GiB); when it runs out, calls run sequentially in the caller's
         lane (slower, same result).
-      lane_width: most lanes one VM step runs (default 16 per example, within
-        64..2048).
+      lane_width: most lanes one VM step runs (default 2 per example, within
+        64..256).
       layout: batch independent same-type ops inside a block (the gate
         matmuls of a cell written with separate weight matrices) on a
         PQ-tree memory layout, weights packed once before the loop. The same

@@ -15,9 +15,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 # optimizations (tests/runtime/test_fork.py, cold: 2m44 -> 2m15) and XLA:CPU's older
 # elemental emitters instead of its fusion emitters (tests/core/test_corpus.py: 56 s -> 37 s).
 # Results are checked with the same tolerances either way. Your own XLA_FLAGS win; tests
-# that start a process with flags of their own add these (`TEST_XLA_FLAGS`).
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-os.environ.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
+# that start a process needing a flag of its own (a device count) append it to these.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

@@ -11,6 +11,7 @@ import pcbatch
 from pcbatch.errors import OptionError
 from pcbatch import data
 from pcbatch.fork_choice import choose_fork, walks_data
+from benchmarks.fork_choice import chosen  # what the default chose, eagerly or traced
 
 H = 64
 
@@ -58,14 +59,6 @@ def trees(batch):
     return t, t.root
 
 
-def choice(f, *args, traced=False):
-    if not traced:
-        return f.executable(*args)[0].fork_choice
-    box = []
-    jax.eval_shape(lambda *a: box.append(f.executable(*a)[0].fork_choice), *args)
-    return box[0]
-
-
 def assert_agree(want, *calls):
     for call in calls:
         np.testing.assert_allclose(np.asarray(call()), np.asarray(want), rtol=1e-5, atol=1e-6)
@@ -73,7 +66,7 @@ def assert_agree(want, *calls):
 
 def test_counting_recursion_does_not_fork():
     n = jnp.arange(9)
-    c = choice(fib, n)
+    c = chosen(fib, (n,))
     assert c.fork is False and "not read from each example's data" in c.reason
     assert not fib.executable(n)[0].prog.has_forks
     forked = fib.with_options(fork=True)
@@ -81,13 +74,13 @@ def test_counting_recursion_does_not_fork():
     assert_agree(fib.reference(n), lambda: fib(n), lambda: jax.jit(fib)(n), lambda: forked(n))
     # work per call does not change that: the examples still run in step
     n = jnp.array([3, 6, 1, 5, 4, 2, 6, 0])
-    assert choice(vec_tree, weights(), n).fork is False
+    assert chosen(vec_tree, (weights(), n)).fork is False
 
 
 def test_tree_walks_fork_eagerly_and_under_jit():
     tree, root = trees(8)
     for traced in (False, True):
-        c = choice(tree_size, tree, root, traced=traced)
+        c = chosen(tree_size, (tree, root), traced=traced)
         assert c.fork is True, c.reason
     assert tree_size.executable(tree, root)[0].prog.has_forks
     assert_agree(tree_size.reference(tree, root), lambda: tree_size(tree, root),
@@ -96,11 +89,11 @@ def test_tree_walks_fork_eagerly_and_under_jit():
 
 def test_traced_call_with_a_large_pool_does_not_fork():
     tree, root = trees(8)
-    assert choice(tree_rnn, weights(), tree, root).fork is True
-    c = choice(tree_rnn, weights(), tree, root, traced=True)
+    assert chosen(tree_rnn, (weights(), tree, root)).fork is True
+    c = chosen(tree_rnn, (weights(), tree, root), traced=True)
     assert c.fork is False and "afresh" in c.reason
     small = tree_rnn.with_options(tuning=pcbatch.Tuning(fork_max_traced_pool_bytes=1 << 40))
-    assert choice(small, weights(), tree, root, traced=True).fork is True
+    assert chosen(small, (weights(), tree, root), traced=True).fork is True
     # eagerly with forks; under jit without: both equal the Python
     assert_agree(tree_rnn.reference(weights(), tree, root), lambda: tree_rnn(weights(), tree, root),
                  lambda: jax.jit(tree_rnn)(weights(), tree, root))
@@ -108,12 +101,12 @@ def test_traced_call_with_a_large_pool_does_not_fork():
 
 def test_small_batch_or_small_pool_does_not_fork():
     tree, root = trees(4)
-    c = choice(tree_size, tree, root)
+    c = chosen(tree_size, (tree, root))
     assert c.fork is False and "batch is small" in c.reason
     np.testing.assert_array_equal(np.asarray(tree_size(tree, root)), np.asarray(tree_size.reference(tree, root)))
     tree, root = trees(8)
     crowded = tree_size.with_options(tuning=pcbatch.Tuning(max_pool_lanes=8 * 31))
-    c = choice(crowded, tree, root)
+    c = chosen(crowded, (tree, root))
     assert c.fork is False and "pool is small" in c.reason
 
 
@@ -123,7 +116,7 @@ def test_program_without_forks():
         return 0 if n == 0 else 1 + count(n - 1)
 
     n = jnp.array([0, 3, 5])
-    assert choice(count, n).fork is False
+    assert chosen(count, (n,)).fork is False
     np.testing.assert_array_equal(np.asarray(count(n)), [0, 3, 5])
 
 
@@ -154,7 +147,7 @@ def test_pool_options_ask_for_the_pool():
     n = jnp.arange(6)
     for options in (dict(max_lanes=64), dict(lane_width=32)):
         f = fib.with_options(**options)
-        assert choice(f, n).fork and choice(f, n, traced=True).fork
+        assert chosen(f, (n,)).fork and chosen(f, (n,), traced=True).fork
         assert f.executable(n)[0].prog.has_forks
         np.testing.assert_array_equal(np.asarray(f(n)), [0, 1, 1, 2, 3, 5])
 
@@ -169,4 +162,4 @@ def test_eager_and_traced_calls_share_a_machine_when_they_choose_alike():
     count = fib2.trace_count
     jax.jit(fib2)(n)
     assert fib2.trace_count == count  # the same machine (its traced form cached by jax.jit)
-    assert choice(fib2, n).fork is False and choice(fib2, n, traced=True).fork is False
+    assert chosen(fib2, (n,)).fork is False and chosen(fib2, (n,), traced=True).fork is False
