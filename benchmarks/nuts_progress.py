@@ -7,8 +7,8 @@ The same `nuts.sample` call (window adaptation, the 100-d correlated Gaussian
 of `pcbatch.mcmc.targets`, `--chains` chains started at exact draws,
 `--transitions` transitions per chain, half of them warm-up) with
 `progress_bar=False` and with `progress_bar=True` (a tqdm bar on stderr, fed by
-a host callback every `--every` transitions of each chain; default a tenth of
-them, as `sample` does). Compilation is excluded (one call each first); the
+a host callback every `--every` transitions of the last chain, the only one
+that reports; default a tenth of them, as `sample` does). Compilation is excluded (one call each first); the
 two are timed interleaved (`benchmarks.common.time_calls`: off, on, off, on,
 ...) and the medians of `--repeats` are printed with their ratio. Results do
 not depend on the bar (checked: the same draws).
@@ -50,7 +50,7 @@ def main(argv=None) -> None:
         times = time_calls({"off": lambda: run(False), "on": lambda: run(True)}, args.repeats, warm=True)
     every = args.every or max(1, args.transitions // 10)
     print(f"NUTS, 100-d Gaussian, {args.chains} chains x {args.transitions} transitions "
-          f"(window adaptation), progress reported every {every} transitions per chain, "
+          f"(window adaptation), progress reported every {every} transitions of one chain, "
           f"median of {args.repeats} interleaved repeats")
     print(f"progress_bar=False: {times['off']:.3f} s")
     print(f"progress_bar=True:  {times['on']:.3f} s")

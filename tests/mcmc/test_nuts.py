@@ -207,7 +207,7 @@ def test_sample_api_and_errors():
         nuts.GradientQuorum(3, quorum=0.0)
     # sampler() sizes the stacks for max_tree_depth; a smaller machine overflows.
     shallow = pcbatch.autobatch(nuts.sampler(LOGP2, num_samples=1, max_tree_depth=4).fn,
-                                in_axes=(0, 0, 0, None, None), max_stack_depth=2)
+                                in_axes=(0, 0, 0, None, None, 0), max_stack_depth=2)
     with pytest.raises(pcbatch.StackOverflowError):
         shallow(*nuts.prepare(jnp.zeros((3, 2)), typed, 0.01, None, 1)[0])
 
