@@ -144,3 +144,61 @@ def hlo_copy_report(text: str) -> str:
     if branches:
         parts.append(f"{len(branches)} branches (copies/KiB): " + " ".join(per))
     return "; ".join(parts)
+
+
+_CALLED = re.compile(r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)"
+                     r"|branch_computations=\{([^}]*)\}")
+_KINDS = ("fusion", "copy", "conditional", "scatter", "custom-call")
+
+
+def hlo_step_counts(text: str) -> dict[str, dict[str, int]]:
+    """What a VM step runs, from the optimized HLO: kernels in the machine's
+    while loop (the largest one) and in what it calls, split into `every
+    step` (the loop's body and condition outside any `conditional`) and `in
+    branches` (summed over every branch of its conditionals: a step runs one
+    branch of each). A fusion is one kernel (its inside is not counted);
+    `scatter` counts scatter fusions too."""
+    comps = hlo_computations(text)
+    loops = []
+    for name, lines in comps.items():
+        for ln in lines:
+            m = re.search(r"\bwhile\(.*condition=%?([\w.\-]+).*body=%?([\w.\-]+)", ln)
+            if m:
+                loops.append((len(comps.get(m.group(2), [])), m.group(1), m.group(2)))
+    out = {"every step": dict.fromkeys(_KINDS, 0), "in branches": dict.fromkeys(_KINDS, 0)}
+    if not loops:
+        return out
+    _, cond, body = max(loops)
+    seen: set[str] = set()
+
+    def walk(name: str, where: str) -> None:
+        if name in seen or name not in comps:
+            return
+        seen.add(name)
+        for ln in comps[name]:
+            lhs, eq, rhs = ln.partition(" = ")
+            op = re.search(r"\s([a-z][a-z\-]*)\(", rhs)  # the opcode follows the (maybe tuple) shape
+            if not eq or not op:
+                continue
+            kind = op.group(1)
+            if kind == "fusion" and "scatter" in lhs:
+                out[where]["scatter"] += 1
+            if kind in _KINDS:
+                out[where][kind] += 1
+            if kind == "fusion":
+                continue
+            inner = "in branches" if kind == "conditional" else where
+            for m in _CALLED.finditer(ln):
+                for callee in ([m.group(1)] if m.group(1) else [x.strip().lstrip("%") for x in m.group(2).split(",")]):
+                    walk(callee, inner)
+
+    walk(body, "every step")
+    walk(cond, "every step")
+    return out
+
+
+def fmt_step_counts(counts: dict[str, dict[str, int]]) -> str:
+    def one(c: dict[str, int]) -> str:
+        return (f"{c['fusion']} fusions, {c['copy']} copies, {c['conditional']} conditionals, "
+                f"{c['scatter']} scatters" + (f", {c['custom-call']} custom calls" if c["custom-call"] else ""))
+    return f"every step: {one(counts['every step'])}; in branches (all summed): {one(counts['in branches'])}"

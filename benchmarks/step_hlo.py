@@ -1,0 +1,49 @@
+"""What one VM step runs, counted in the optimized HLO (issue 18, item 5).
+
+    python -m benchmarks.step_hlo        # fib, collatz, the Tree-LSTM (both machines), NUTS (~30 s)
+
+For each program the machine's `lax.while_loop` is found in the compiled HLO of
+a `jax.jit` call (the largest loop) and its kernels counted: those every
+step runs (the loop body and condition outside any `conditional`) and those
+inside the conditionals' branches (summed over all branches; a step runs one
+branch of each). A fusion is one kernel. Copies are buffers XLA duplicates;
+scatters are the stack and lane-table writes. No host callback may appear
+(the loop must not return to Python). Recorded in benchmarks/README.md so
+that the counts can be seen falling.
+"""
+from __future__ import annotations
+
+import datetime
+
+import jax
+
+from benchmarks.common import hlo_step_counts, print_table
+from benchmarks.vm_overhead import collatz, collatz_inputs, fib, fib_inputs, nuts_case, treelstm_case
+
+KINDS = ("fusion", "copy", "conditional", "scatter", "custom-call")
+
+
+def cases():
+    yield "fib (fork=False, batch 1024)", fib, (fib_inputs(1024, 12),)
+    yield "collatz (batch 1024)", collatz, (collatz_inputs(1024, 1000),)
+    tree_lstm, args = treelstm_case()
+    yield "Tree-LSTM H 64, fork=False (batch 64)", tree_lstm.with_options(fork=False), args
+    yield "Tree-LSTM H 64, fork=True (batch 64)", tree_lstm.with_options(fork=True), args
+    yield "NUTS, 100-d Gaussian (128 chains)", *nuts_case()
+
+
+def main() -> None:
+    print(f"# step_hlo  {datetime.datetime.now():%Y-%m-%d %H:%M}  jax {jax.__version__}  {jax.devices()[0].platform}")
+    rows = []
+    for name, f, args in cases():
+        text = jax.jit(f).lower(*args).compile().as_text()
+        c = hlo_step_counts(text)
+        rows.append([name] + [str(c["every step"][k]) for k in KINDS] + [str(c["in branches"][k]) for k in KINDS])
+        print("  ", " | ".join(rows[-1]), flush=True)
+    print()
+    heads = ["fusions", "copies", "conds", "scatters", "callbacks"]
+    print_table(["program"] + [f"{h} (every step)" for h in heads] + [f"{h} (branches)" for h in heads], rows)
+
+
+if __name__ == "__main__":
+    main()
