@@ -41,7 +41,7 @@ def main() -> None:
         rows.append([name] + [str(c["every step"][k]) for k in KINDS] + [str(c["in branches"][k]) for k in KINDS])
         print("  ", " | ".join(rows[-1]), flush=True)
     print()
-    heads = ["fusions", "copies", "conds", "scatters", "callbacks"]
+    heads = ["fusions", "copies", "conds", "scatters", "custom calls"]
     print_table(["program"] + [f"{h} (every step)" for h in heads] + [f"{h} (branches)" for h in heads], rows)
 
 
