@@ -15,7 +15,7 @@ from jax.experimental import checkify
 from pcbatch import _context, differentiation, failures
 from pcbatch import sharding as _sharding
 from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, reference_call, target_of
-from pcbatch.compile import Cache, Executable, Signature, block_ir, executable
+from pcbatch.compile import Cache, Executable, Signature, block_ir, executable, measure_fork
 from pcbatch.errors import ForwardModeError, Loc, OptionError, UnsupportedSyntaxError
 from pcbatch.frontend import BoundFunction
 from pcbatch.fsm import get_scheduler
@@ -247,15 +247,29 @@ class Autobatched:
         if tracing and mode != "forward" and is_float(inputs):
             result, status = self._run_differentiable(exe, inputs, bound, raise_errors)
             return result, status, prog, batch
-        workspace = None
-        if not tracing:  # one per compiled signature, donated
-            workspace, exe.workspace = exe.workspace, None
+        if tracing:
+            result, status, _ = self._runner(exe, raise_errors)(inputs, exe.new_workspace())
+            return result, status, prog, batch
+        if exe.fork_choice is not None and exe.fork_choice.measure and exe.signature.sharding is None:
+            values = list(bound.values.values())
+
+            def run(e: Executable) -> None:
+                jax.block_until_ready(self._run_eagerly(e, dict(zip(e.prog.entry_params, values)), True)[0])
+
+            exe = measure_fork(self.target, self._callee, exe.signature, self.options, self._cache, run,
+                               self._traced)
+            inputs, prog = dict(zip(exe.prog.entry_params, values)), exe.prog
+        result, status = self._run_eagerly(exe, inputs, raise_errors)
+        return result, status, prog, batch
+
+    def _run_eagerly(self, exe: Executable, inputs: dict[str, Any], plain_call: bool) -> tuple[Any, Status]:
+        """Run `exe` outside any trace, on its own stacks (one workspace per
+        compiled signature, donated from call to call)."""
+        workspace, exe.workspace = exe.workspace, None
         if workspace is None:
             workspace = exe.new_workspace()
-        result, status, workspace = self._runner(exe, raise_errors)(inputs, workspace)
-        if not tracing:
-            exe.workspace = workspace
-        return result, status, prog, batch
+        result, status, exe.workspace = self._runner(exe, plain_call)(inputs, workspace)
+        return result, status
 
     @staticmethod
     def _runner(exe: Executable, plain_call: bool) -> Callable:
@@ -325,8 +339,9 @@ def autobatch(fn: Callable | None = None, *, options: Options | None = None, **c
         default) forks only where it is expected to pay: the forked calls
         walk each example's data (an argument read from an input array, such
         as a tree's child index), the batch has at least 8 examples and the
-        pool 32 lanes per example, and, under `jax.jit`, the lane pool is
-        small; or where `max_lanes` or `lane_width` is given (see
+        pool 32 lanes per example (with 8-31, the first eager call times both
+        machines and keeps the faster), and, under `jax.jit`, the lane pool
+        is small; or where `max_lanes` or `lane_width` is given (see
         `pcbatch.fork_choice`; `f.executable(*args)[0].fork_choice` says
         what it chose and why).
       max_lanes: the fork-join lane pool (default 128 per example, at most

@@ -18,6 +18,7 @@ signature redoes only the stages after the ones it shares.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
@@ -183,6 +184,10 @@ class Cache:
             self._entries[key] = build()
         return self._entries[key]
 
+    def put(self, key: Hashable, value: Any) -> None:
+        """Replace the entry for `key` (a fork choice once measured)."""
+        self._entries[key] = value
+
     def inherit(self, other: "Cache") -> None:
         """Take `other`'s block IR, lowered and specialized programs (the same
         function; their keys hold all they depend on), not what depends on
@@ -216,15 +221,17 @@ def specialized(target: BoundFunction, callee: Callee, signature: Signature, opt
 
 
 def executable(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,
-               traced: bool = False, on_trace: Callable[[], None] = lambda: None) -> Executable:
+               traced: bool = False, on_trace: Callable[[], None] = lambda: None,
+               fork: bool | None = None) -> Executable:
     """The machine for one call signature, each stage once per `cache`.
     `callee(obj)` is the autobatched function behind a name the code calls
     (the frontend's `unwrap`); `traced`: the call is traced (under `jax.jit`
     or a gradient), which `fork="auto"` weighs; `on_trace` is called each
-    time the machine is traced. Eager and traced calls share a machine
-    wherever they choose alike."""
+    time the machine is traced; `fork` overrides what `fork="auto"` chose
+    (`measure_fork`). Eager and traced calls share a machine wherever they
+    choose alike."""
     choice = None
-    fork = options.fork
+    fork = options.fork if fork is None else fork
     if fork == "auto":  # lowered with forks; kept only where they are expected to pay
         with_forks = specialized(target, callee, signature, options, cache, True)
         choice = cache.get(("fork choice", signature, traced),
@@ -232,6 +239,33 @@ def executable(target: BoundFunction, callee: Callee, signature: Signature, opti
         fork = choice.fork or not with_forks.has_forks  # nothing forks: the program lowered with forks is the same
     return cache.get(("machine", signature, fork), lambda: compile_program(
         specialized(target, callee, signature, options, cache, fork), signature, options, choice, on_trace))
+
+
+def measure_fork(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,
+                 run: Callable[[Executable], None], on_trace: Callable[[], None] = lambda: None,
+                 repeats: int = 2) -> Executable:
+    """Where `fork="auto"`'s rule cannot tell (`ForkChoice.measure`): build
+    both machines, run each on this call's inputs (`run(exe)`, blocking) once
+    to warm up and `repeats` times interleaved, keep the faster for the
+    signature (its choice says the times) and return it."""
+    machines = {f: executable(target, callee, signature, options, cache, False, on_trace, fork=f)
+                for f in (True, False)}
+    for exe in machines.values():
+        run(exe)
+    best = {True: float("inf"), False: float("inf")}
+    for _ in range(repeats):
+        for f, exe in machines.items():
+            start = time.perf_counter()
+            run(exe)
+            best[f] = min(best[f], time.perf_counter() - start)
+    fork = best[True] < best[False]
+    lanes, _ = machine_config(machines[True].prog, signature.local_batch, options)
+    choice = ForkChoice(fork, f"measured on the first call ({lanes // signature.local_batch} pool lanes per "
+                              f"example, where the rule cannot tell): fork-join {best[True] * 1e3:.3g} ms, one "
+                              f"lane per example {best[False] * 1e3:.3g} ms")
+    cache.put(("fork choice", signature, False), choice)
+    machines[fork].fork_choice = choice
+    return machines[fork]
 
 
 def compile_program(prog: StackProgram, signature: Signature, options: Options, choice: ForkChoice | None,

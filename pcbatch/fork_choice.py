@@ -15,7 +15,12 @@ holds them). So `"auto"` forks exactly when all hold:
 * the batch has at least `Tuning.fork_min_batch` examples (fewer leave too
   little to share between a step's lanes: 1.1-2.4x slower below 8);
 * the lane pool holds `Tuning.fork_min_pool_lanes` lanes per example (fewer,
-  and calls fall back to running one after another in their caller's lane);
+  and calls fall back to running one after another in their caller's lane).
+  Between `Tuning.fork_measure_min_pool_lanes` and that, the rule cannot tell
+  (the binary Tree-LSTM on small syntax trees forked 1.34x faster with 16
+  lanes per example; at H 256 on larger trees 2x slower with 31): the first
+  eager call of the signature runs both machines, twice each, and keeps the
+  faster (`compile.measure_fork`); a traced call there does not fork;
 * the lane pool's stacks are cheap to set up: outside `jax.jit` they are built
   once and reused; a traced call (under `jax.jit` or a gradient) builds them
   afresh every time, so there they must stay under
@@ -42,6 +47,7 @@ class ForkChoice:
 
     fork: bool
     reason: str
+    measure: bool = False  # the rule cannot tell: the first eager call times both machines
 
 
 def walks_data(prog: StackProgram) -> bool:
@@ -80,6 +86,11 @@ def choose_fork(prog: StackProgram, batch: int, lanes: int, pool_bytes: int, tra
                                  f"little to share between a step's lanes")
     in_pool = lanes // batch
     if in_pool < tuning.fork_min_pool_lanes:
+        if not traced and in_pool >= tuning.fork_measure_min_pool_lanes:
+            return ForkChoice(False, f"the lane pool holds {in_pool} lanes per example, between "
+                                     f"fork_measure_min_pool_lanes={tuning.fork_measure_min_pool_lanes} and "
+                                     f"fork_min_pool_lanes={tuning.fork_min_pool_lanes}: the first call times both "
+                                     f"machines", measure=True)
         return ForkChoice(False, f"the lane pool is small ({in_pool} lanes per example < fork_min_pool_lanes="
                                  f"{tuning.fork_min_pool_lanes}): most calls would run one after another anyway")
     if traced and pool_bytes > tuning.fork_max_traced_pool_bytes:

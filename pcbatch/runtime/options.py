@@ -37,6 +37,9 @@ class Tuning:
         steps pad little; a wide level of a tree takes a few of them.
     fork_min_batch, fork_min_pool_lanes, fork_max_traced_pool_bytes: when
         `fork="auto"` forks (see `pcbatch.fork_choice`).
+    fork_measure_min_pool_lanes: with at least this many pool lanes per
+        example but fewer than `fork_min_pool_lanes`, the rule cannot tell:
+        the first eager call times both machines and keeps the faster.
 
     >>> import pcbatch
     >>> pcbatch.Tuning(max_widths=2).widths(256)
@@ -56,6 +59,7 @@ class Tuning:
     fork_min_batch: int = 8
     fork_min_pool_lanes: int = 32
     fork_max_traced_pool_bytes: int = 16 << 20
+    fork_measure_min_pool_lanes: int = 8
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -105,9 +105,31 @@ def test_small_batch_or_small_pool_does_not_fork():
     assert c.fork is False and "batch is small" in c.reason
     np.testing.assert_array_equal(np.asarray(tree_size(tree, root)), np.asarray(tree_size.reference(tree, root)))
     tree, root = trees(8)
-    crowded = tree_size.with_options(tuning=pcbatch.Tuning(max_pool_lanes=8 * 31))
+    crowded = tree_size.with_options(tuning=pcbatch.Tuning(max_pool_lanes=8 * 7))
     c = chosen(crowded, (tree, root))
-    assert c.fork is False and "pool is small" in c.reason
+    assert c.fork is False and "pool is small" in c.reason and not c.measure
+
+
+@pytest.mark.parametrize("calls", ["eager", "jit"])
+def test_where_the_rule_cannot_tell_the_first_eager_call_measures(calls):
+    """8-31 pool lanes per example: the first eager call times both machines
+    and keeps the faster for the signature; a traced call does not fork."""
+    tree, root = trees(8)
+    f = tree_size.with_options(tuning=pcbatch.Tuning(lanes_per_example=16))
+    before = chosen(f, (tree, root), traced=calls == "jit")
+    assert before.fork is False and before.measure is (calls == "eager")
+    want = np.asarray(tree_size.reference(tree, root))
+    run = f if calls == "eager" else jax.jit(f)
+    np.testing.assert_array_equal(np.asarray(run(tree, root)), want)
+    after = chosen(f, (tree, root), traced=calls == "jit")
+    if calls == "eager":
+        assert not after.measure and after.reason.startswith("measured on the first call (16 pool lanes")
+        np.testing.assert_array_equal(np.asarray(f(tree, root)), want)   # the kept machine, no new measurement
+        assert chosen(f, (tree, root)) is after
+        forked = f.executable(tree, root)[0].prog.has_forks
+        assert forked is after.fork
+    else:
+        assert after.fork is False and not after.measure
 
 
 def test_program_without_forks():
@@ -131,6 +153,9 @@ def test_rule_thresholds():
     assert not choose_fork(prog, 7, **{**args, "lanes": 7 * 32}).fork  # batch below fork_min_batch
     assert choose_fork(prog, 7, **{**args, "lanes": 7 * 32, "tuning": pcbatch.Tuning(fork_min_batch=7)}).fork
     assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 32 - 1}).fork  # pool below 32 lanes per example
+    assert choose_fork(prog, 8, **{**args, "lanes": 8 * 8}).measure           # 8-31: measured when eager
+    assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 8, "traced": True}).measure
+    assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 8 - 1}).measure   # below 8: too small to try
     # traced: the pool's size matters
     assert choose_fork(prog, 8, **{**args, "traced": True, "pool_bytes": tuning.fork_max_traced_pool_bytes}).fork
     assert not choose_fork(prog, 8, **{**args, "traced": True,
