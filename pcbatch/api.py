@@ -250,7 +250,7 @@ class Autobatched:
         if tracing:
             result, status, _ = self._runner(exe, raise_errors)(inputs, exe.new_workspace())
             return result, status, prog, batch
-        if exe.fork_choice is not None and exe.fork_choice.measure and exe.signature.sharding is None:
+        if exe.fork_choice is not None and exe.fork_choice.measure:
             values = list(bound.values.values())
 
             def run(e: Executable) -> None:

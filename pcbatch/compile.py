@@ -113,7 +113,8 @@ def fork_choice(prog: StackProgram, signature: Signature, options: Options, trac
     batch = signature.local_batch
     lanes, _ = machine_config(prog, batch, options)
     pool_bytes = frame_bytes(prog) * options.max_stack_depth * lanes
-    return choose_fork(prog, batch, lanes, pool_bytes, traced, options.tuning)
+    return choose_fork(prog, batch, lanes, pool_bytes, traced, options.tuning,
+                       measurable=signature.sharding is None)
 
 
 @dataclass(eq=False)

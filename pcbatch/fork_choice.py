@@ -72,10 +72,11 @@ def walks_data(prog: StackProgram) -> bool:
 
 
 def choose_fork(prog: StackProgram, batch: int, lanes: int, pool_bytes: int, traced: bool,
-                tuning: Tuning) -> ForkChoice:
+                tuning: Tuning, measurable: bool = True) -> ForkChoice:
     """Fork-join for `prog` (lowered with forks) on `batch` examples, with a
     pool of `lanes` lanes whose stacks take `pool_bytes`; `traced`: the call
-    is traced (its pool cannot be reused)."""
+    is traced (its pool cannot be reused); `measurable`: an eager call could
+    time both machines (not when sharded)."""
     if not prog.has_forks:
         return ForkChoice(False, "the program has no independent calls to fork")
     if not walks_data(prog):
@@ -86,7 +87,7 @@ def choose_fork(prog: StackProgram, batch: int, lanes: int, pool_bytes: int, tra
                                  f"little to share between a step's lanes")
     in_pool = lanes // batch
     if in_pool < tuning.fork_min_pool_lanes:
-        if not traced and in_pool >= tuning.fork_measure_min_pool_lanes:
+        if not traced and measurable and in_pool >= tuning.fork_measure_min_pool_lanes:
             return ForkChoice(False, f"the lane pool holds {in_pool} lanes per example, between "
                                      f"fork_measure_min_pool_lanes={tuning.fork_measure_min_pool_lanes} and "
                                      f"fork_min_pool_lanes={tuning.fork_min_pool_lanes}: the first call times both "

@@ -155,6 +155,7 @@ def test_rule_thresholds():
     assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 32 - 1}).fork  # pool below 32 lanes per example
     assert choose_fork(prog, 8, **{**args, "lanes": 8 * 8}).measure           # 8-31: measured when eager
     assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 8, "traced": True}).measure
+    assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 8}, measurable=False).measure  # sharded
     assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 8 - 1}).measure   # below 8: too small to try
     # traced: the pool's size matters
     assert choose_fork(prog, 8, **{**args, "traced": True, "pool_bytes": tuning.fork_max_traced_pool_bytes}).fork
