@@ -266,6 +266,7 @@ def measure_fork(target: BoundFunction, callee: Callee, signature: Signature, op
                               f"lane per example {best[False] * 1e3:.3g} ms")
     cache.put(("fork choice", signature, False), choice)
     machines[fork].fork_choice = choice
+    machines[not fork].workspace = None  # the loser's stacks (a pool's can be ~1 GiB) are not kept
     return machines[fork]
 
 
