@@ -12,7 +12,9 @@ Every result is checked against the per-example Python (`f.reference`).
 
 Programs: `fib` (cheap scalar recursion), a scalar sum over the binarized
 syntax trees of standard-library statements (real trees, cheap work per node)
-and the binary Tree-LSTM (`models.nary`, H 64: a matrix product per node).
+and the binary Tree-LSTM (`models.nary`, H 64: a matrix product per node); in
+the full run, at batch 128, also the Tree-LSTM at H 256 on `random_binary_trees`
+(its pool holds 31 lanes per example: where `"auto"` measures both machines).
 """
 from __future__ import annotations
 
@@ -57,6 +59,10 @@ def cases(batches: list[int]):
         t = data.batch(trees[:b])
         yield "tree sum (stdlib ASTs)", b, tree_sum, (t, t.root)
         yield "Tree-LSTM H 64 (stdlib ASTs)", b, nary.nary_tree_lstm, (params, t, t.root)
+        if b == 128:
+            big = nary.init_params(jax.random.PRNGKey(0), vocab=1000, hidden=256)
+            r = data.batch(data.random_binary_trees(b, seed=0))
+            yield "Tree-LSTM H 256 (random trees)", b, nary.nary_tree_lstm, (big, r, r.root)
 
 
 def chosen(f, xs, traced: bool = False):
