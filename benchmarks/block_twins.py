@@ -59,11 +59,13 @@ def leaves(x, p, eps, n):
     return x, w
 
 
+# Each case: (generated: args -> (result, status), hand twin: args -> (result, steps, overflow), args).
+
 def leaves_case(batch: int):
     rng = np.random.default_rng(0)
     args = (GAUSSIAN.draws(batch, seed=1), jnp.asarray(rng.normal(size=(batch, 100)), jnp.float32),
             jnp.full((batch,), 0.15, jnp.float32), jnp.asarray(rng.integers(8, 65, batch), jnp.int32))
-    return leaves, functools.partial(hm.leaves_hand, GAUSSIAN.logdensity), args
+    return leaves.checked, functools.partial(hm.leaves_hand, GAUSSIAN.logdensity), args
 
 
 def tree_lstm_case(batch: int):
@@ -71,7 +73,7 @@ def tree_lstm_case(batch: int):
     params = nary.init_params(jax.random.PRNGKey(0), vocab=1000, hidden=64)
     f = nary.nary_tree_lstm.with_options(fork=False)
     hand = functools.partial(hm.tree_lstm_hand, nary.binary_lstm_cell, _common.node_input, params)
-    return (lambda tree, root: f.checked(params, tree, root)), hand, (trees, trees.root), f, params
+    return (lambda tree, root: f.checked(params, tree, root)), hand, (trees, trees.root)
 
 
 def check(name, gen_out, gen_steps, hand_out, hand_steps):
@@ -90,12 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# block_twins  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  jax {jax.__version__}  "
           f"load {os.getloadavg()[0]:.1f}")
     rows, hlo = [], []
-    for b in (int(v) for v in a.batches.split(",")):
-        f, hand, args = leaves_case(b)
-        gen = lambda *xs: f.checked(*xs)
-        cases = [("NUTS leaves (100-d Gaussian)", gen, hand, args)]
-        g2, h2, args2, _, _ = tree_lstm_case(b)
-        cases.append(("Tree-LSTM H 64 (stdlib ASTs)", g2, h2, args2))
+    batches = [int(v) for v in a.batches.split(",")]
+    for b in batches:
+        cases = [("NUTS leaves (100-d Gaussian)", *leaves_case(b)), ("Tree-LSTM H 64 (stdlib ASTs)", *tree_lstm_case(b))]
         for name, g, h, xs in cases:
             g, h = jax.jit(g), jax.jit(h)
             out, status = block(g(*xs))
@@ -108,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
                          fmt_time(t["hand"]), fmt_time(t["hand"] / steps), f"{ratio:.2f}x",
                          "PASS" if ratio <= TARGET else "MISS"])
             print("  ", " | ".join(rows[-1]), flush=True)
-            if b == max(int(v) for v in a.batches.split(",")):
+            if b == max(batches):
                 hlo.append((name, hlo_copy_report(g.lower(*xs).compile().as_text()),
                             hlo_copy_report(h.lower(*xs).compile().as_text())))
     print()

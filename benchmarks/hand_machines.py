@@ -203,6 +203,11 @@ def collatz_switch(n: jax.Array):
     return s[2], s[3], jnp.zeros(L, bool)
 
 
+def sel(a, new, old):
+    """`new` in the lanes where `a` (one flag per lane), else `old` (any trailing shape)."""
+    return jnp.where(a.reshape(a.shape + (1,) * (new.ndim - 1)), new, old)
+
+
 # --- NUTS leaves (benchmarks/block_twins.py) ---------------------------------
 # The generated CFG (see `block_twins.leaves.lowered(...)`):
 #   b0 entry:  logp, g = grad(x); h0 = logp - |p|^2/2; w = -inf; k = 0; jump b1
@@ -219,9 +224,6 @@ def leaves_hand(logdensity, x, p, eps, n):
 
     def at(b, pc):
         return pc == b
-
-    def sel(a, new, old):
-        return jnp.where(a.reshape(a.shape + (1,) * (new.ndim - 1)), new, old)
 
     def b0(pc, x, p, g, h0, w, k):
         a = at(0, pc)
@@ -278,9 +280,6 @@ def tree_lstm_hand(cell, node_input, params, tree, root, depth: int = 64):
     one_input = lambda t, node: node_input(params, t, node)
     inputs = jax.vmap(one_input)
     cells = jax.vmap(lambda x, hl, cl, hr, cr: cell(params["W"], params["U"], params["b"], x, hl, cl, hr, cr))
-
-    def sel(a, new, old):
-        return jnp.where(a.reshape(a.shape + (1,) * (new.ndim - 1)), new, old)
 
     # state: pc, node, left, right, h_l, c_l, h_r, c_r, ret_h, ret_c, sp
     # top: the frame a return just popped (node, right, h, c); rpc: the return address

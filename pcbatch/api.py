@@ -227,7 +227,12 @@ class Autobatched:
         sig = Signature.of(tuple(not bound.batched[p] for p in params), bound.batch, sharding, values)
         traced = any(map(differentiation.is_tracer, tree_util.tree_leaves(values)))
         exe = executable(self.target, self._callee, sig, self.options, self._cache, traced, self._traced)
-        return exe, dict(zip(exe.prog.entry_params, values))
+        return exe, self._inputs(exe, bound)
+
+    @staticmethod
+    def _inputs(exe: Executable, bound: Bound) -> dict[str, Any]:
+        """The call's values by `exe`'s entry parameter (bound in parameter order)."""
+        return dict(zip(exe.prog.entry_params, bound.values.values()))
 
     def _traced(self) -> None:
         self.trace_count += 1
@@ -251,14 +256,12 @@ class Autobatched:
             result, status, _ = self._runner(exe, raise_errors)(inputs, exe.new_workspace())
             return result, status, prog, batch
         if exe.fork_choice is not None and exe.fork_choice.measure:
-            values = list(bound.values.values())
-
             def run(e: Executable) -> None:
-                jax.block_until_ready(self._run_eagerly(e, dict(zip(e.prog.entry_params, values)), True)[0])
+                jax.block_until_ready(self._run_eagerly(e, self._inputs(e, bound), True)[0])
 
             exe = measure_fork(self.target, self._callee, exe.signature, self.options, self._cache, run,
                                self._traced)
-            inputs, prog = dict(zip(exe.prog.entry_params, values)), exe.prog
+            inputs, prog = self._inputs(exe, bound), exe.prog
         result, status = self._run_eagerly(exe, inputs, raise_errors)
         return result, status, prog, batch
 

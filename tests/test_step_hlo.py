@@ -33,10 +33,8 @@ def test_no_host_callback_in_the_loop_unless_the_progress_bar_asks():
 
 
 def test_hand_written_twins_take_the_same_steps_to_the_same_results():
-    f, hand, args = block_twins.leaves_case(3)
-    out, status = f.checked(*args)
-    block_twins.check("leaves", out, status.steps, *jax.jit(hand)(*args)[:2])
-    gen, hand, args, f, params = block_twins.tree_lstm_case(3)
-    out, status = gen(*args)
-    block_twins.check("tree-lstm", out, status.steps, *jax.jit(hand)(*args)[:2])
-    np.testing.assert_array_equal(np.asarray(status.overflow), False)
+    for name, case in (("leaves", block_twins.leaves_case), ("tree-lstm", block_twins.tree_lstm_case)):
+        gen, hand, args = case(3)
+        out, status = gen(*args)
+        block_twins.check(name, out, status.steps, *jax.jit(hand)(*args)[:2])
+        np.testing.assert_array_equal(np.asarray(status.overflow), False)
