@@ -342,7 +342,7 @@ def autobatch(fn: Callable | None = None, *, options: Options | None = None, **c
         default) forks only where it is expected to pay: the forked calls
         walk each example's data (an argument read from an input array, such
         as a tree's child index), the batch has at least 8 examples and the
-        pool 32 lanes per example (with 8-31, the first eager call times both
+        pool 64 lanes per example (with 8-63, the first eager call times both
         machines and keeps the faster), and, under `jax.jit`, the lane pool
         is small; or where `max_lanes` or `lane_width` is given (see
         `pcbatch.fork_choice`; `f.executable(*args)[0].fork_choice` says

@@ -18,7 +18,8 @@ holds them). So `"auto"` forks exactly when all hold:
   and calls fall back to running one after another in their caller's lane).
   Between `Tuning.fork_measure_min_pool_lanes` and that, the rule cannot tell
   (the binary Tree-LSTM on small syntax trees forked 1.34x faster with 16
-  lanes per example; at H 256 on larger trees 2x slower with 31): the first
+  lanes per example; at H 256 on larger trees 2x slower with 31, at H 128
+  1.3x slower with 63): the first
   eager call of the signature runs both machines, twice each, and keeps the
   faster (`compile.measure_fork`); a traced call there does not fork;
 * the lane pool's stacks are cheap to set up: outside `jax.jit` they are built

@@ -57,7 +57,7 @@ class Tuning:
     min_lane_width: int = 64
     max_lane_width: int = 256
     fork_min_batch: int = 8
-    fork_min_pool_lanes: int = 32
+    fork_min_pool_lanes: int = 64
     fork_max_traced_pool_bytes: int = 16 << 20
     fork_measure_min_pool_lanes: int = 8
 

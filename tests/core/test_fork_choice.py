@@ -112,7 +112,7 @@ def test_small_batch_or_small_pool_does_not_fork():
 
 @pytest.mark.parametrize("calls", ["eager", "jit"])
 def test_where_the_rule_cannot_tell_the_first_eager_call_measures(calls):
-    """8-31 pool lanes per example: the first eager call times both machines
+    """8-63 pool lanes per example: the first eager call times both machines
     and keeps the faster for the signature; a traced call does not fork."""
     tree, root = trees(8)
     f = tree_size.with_options(tuning=pcbatch.Tuning(lanes_per_example=16))
@@ -148,12 +148,13 @@ def test_rule_thresholds():
     assert walks_data(prog)
     assert not walks_data(fib.with_options(fork=True).executable(jnp.arange(4))[0].prog)
     tuning = pcbatch.Tuning()
-    args = dict(lanes=8 * 32, pool_bytes=1 << 20, traced=False, tuning=tuning)
+    args = dict(lanes=8 * 64, pool_bytes=1 << 20, traced=False, tuning=tuning)
     assert choose_fork(prog, 8, **args).fork
-    assert not choose_fork(prog, 7, **{**args, "lanes": 7 * 32}).fork  # batch below fork_min_batch
-    assert choose_fork(prog, 7, **{**args, "lanes": 7 * 32, "tuning": pcbatch.Tuning(fork_min_batch=7)}).fork
-    assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 32 - 1}).fork  # pool below 32 lanes per example
-    assert choose_fork(prog, 8, **{**args, "lanes": 8 * 8}).measure           # 8-31: measured when eager
+    assert not choose_fork(prog, 7, **{**args, "lanes": 7 * 64}).fork  # batch below fork_min_batch
+    assert choose_fork(prog, 7, **{**args, "lanes": 7 * 64, "tuning": pcbatch.Tuning(fork_min_batch=7)}).fork
+    assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 64 - 1}).fork  # pool below 64 lanes per example
+    assert choose_fork(prog, 8, **{**args, "lanes": 8 * 64 - 1}).measure       # 8-63: measured when eager
+    assert choose_fork(prog, 8, **{**args, "lanes": 8 * 8}).measure
     assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 8, "traced": True}).measure
     assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 8}, measurable=False).measure  # sharded
     assert not choose_fork(prog, 8, **{**args, "lanes": 8 * 8 - 1}).measure   # below 8: too small to try
