@@ -124,7 +124,9 @@ class Executable:
     with `status.blocks_run` zeros (a plain call never shows it, and counting
     costs a copy and a kernel per step); `workspace` is the last call's stacks,
     donated to the next (never read before written: no zero fill);
-    `differentiable` is built on the first differentiated call;
+    `differentiable` is built on the first differentiated call, from
+    `gradient_program()` where given (the program without loop forks, whose
+    launches the gradient pass does not replay);
     `fork_choice`: what `fork="auto"` chose and why (None for fork=True/False)."""
 
     prog: StackProgram
@@ -136,6 +138,7 @@ class Executable:
     fork_choice: ForkChoice | None = None
     workspace: Any = None
     differentiable: Differentiable | None = None
+    gradient_program: Callable[[], StackProgram] | None = None
 
     @property
     def batch(self) -> int:
@@ -161,16 +164,17 @@ class Executable:
     def gradient_machine(self) -> Differentiable:
         """The machine under a custom_vjp (`runtime.grad.Differentiable`), built once."""
         if self.differentiable is None:
-            batched = frozenset(p for p, s in zip(self.prog.entry_params, self.shared) if not s)
-            self.differentiable = Differentiable(self.prog, self.batch, self.config(self.batch)[1], batched,
-                                                 self.options.tape_size)
+            prog = self.prog if self.gradient_program is None else self.gradient_program()
+            batched = frozenset(p for p, s in zip(prog.entry_params, self.shared) if not s)
+            self.differentiable = Differentiable(prog, self.batch, machine_config(prog, self.batch, self.options)[1],
+                                                 batched, self.options.tape_size)
         return self.differentiable
 
 
 class Cache:
     """What the pipeline made for one autobatched function and its options:
-    one dict, keyed by each stage's inputs: `("frontend", fork)`,
-    `("lower", fork, shared)`, `("specialize", fork, signature)`,
+    one dict, keyed by each stage's inputs: `("frontend", fork, loops)`,
+    `("lower", fork, loops, shared)`, `("specialize", fork, loops, signature)`,
     `("fork choice", signature, traced)` and `("machine", signature, fork)`."""
 
     # Stages that depend on nothing but their key (not on other options): a copy with other options reuses them.
@@ -202,23 +206,27 @@ Callee = Callable[[Any], BoundFunction | None]
 
 
 def block_ir(target: BoundFunction, callee: Callee, options: Options, cache: Cache,
-             fork: bool | None = None) -> Program:
+             fork: bool | None = None, loops: bool = True) -> Program:
     """Stage 1, the frontend: the block IR, one control-flow graph per function
-    (with `fork="auto"`, the IR with forks unless `fork` says otherwise)."""
+    (with `fork="auto"`, the IR with forks unless `fork` says otherwise;
+    `loops=False`: without loop forks, for the gradient pass)."""
     fork = (options.fork is not False) if fork is None else fork
-    return cache.get(("frontend", fork), lambda: build_program(target, callee, fork=fork))
+    loops = loops and fork
+    return cache.get(("frontend", fork, loops), lambda: build_program(target, callee, fork=fork, loops=loops))
 
 
 def specialized(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,
-                fork: bool) -> StackProgram:
+                fork: bool, loops: bool = True) -> StackProgram:
     """Stages 1-3: the frontend, lowering (per set of shared parameters: shared
     values become constants) and specialization to this call's argument types."""
+    loops = loops and fork
+
     def build() -> StackProgram:
-        program = block_ir(target, callee, options, cache, fork)
-        lowered = cache.get(("lower", fork, signature.shared), lambda: lower(program, signature.shared))
+        program = block_ir(target, callee, options, cache, fork, loops)
+        lowered = cache.get(("lower", fork, loops, signature.shared), lambda: lower(program, signature.shared))
         with _context.in_building():
             return specialize(lowered, signature.types(lowered.entry_params))
-    return cache.get(("specialize", fork, signature), build)
+    return cache.get(("specialize", fork, loops, signature), build)
 
 
 def executable(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,
@@ -238,8 +246,13 @@ def executable(target: BoundFunction, callee: Callee, signature: Signature, opti
         choice = cache.get(("fork choice", signature, traced),
                            lambda: fork_choice(with_forks, signature, options, traced))
         fork = choice.fork or not with_forks.has_forks  # nothing forks: the program lowered with forks is the same
-    return cache.get(("machine", signature, fork), lambda: compile_program(
-        specialized(target, callee, signature, options, cache, fork), signature, options, choice, on_trace))
+    def build() -> Executable:
+        exe = compile_program(specialized(target, callee, signature, options, cache, fork), signature, options,
+                              choice, on_trace)
+        if exe.prog.has_launches:
+            exe.gradient_program = lambda: specialized(target, callee, signature, options, cache, fork, loops=False)
+        return exe
+    return cache.get(("machine", signature, fork), build)
 
 
 def measure_fork(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,

@@ -38,7 +38,7 @@ from math import prod
 
 import jax
 
-from pcbatch.ir.core import CONSTANT, INVARIANT, Fork, Prim, StackProgram
+from pcbatch.ir.core import CONSTANT, INVARIANT, Fork, Launch, Prim, StackProgram
 from pcbatch.runtime.options import Tuning
 
 
@@ -68,8 +68,9 @@ def walks_data(prog: StackProgram) -> bool:
             if not derived.issuperset(op.outs) and derived.intersection(op.ins):
                 derived.update(op.outs)
                 grew = True
-    return any(a in derived for blk in prog.blocks if isinstance(blk.term, Fork)
-               for call in blk.term.calls for a in call.args)
+    calls = [c for blk in prog.blocks if isinstance(blk.term, Fork) for c in blk.term.calls]
+    calls += [op.call for blk in prog.blocks for op in blk.ops if isinstance(op, Launch)]
+    return any(a in derived for call in calls for a in call.args)
 
 
 def choose_fork(prog: StackProgram, batch: int, lanes: int, pool_bytes: int, traced: bool,

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pcbatch.ir.core import Block, Call, Fork, Function, Op, Prim, Terminator, op_reads, op_writes
 
 
-def _retext(text: str, reads: dict[str, str]) -> str:
+def retext(text: str, reads: dict[str, str]) -> str:
     """The op's source text with renamed inputs, so the IR listing stays true."""
     try:
         tree = ast.parse(text, mode="eval")
@@ -41,7 +41,7 @@ def _rename_op(op: Op, reads: dict[str, str], writes: dict[str, str]) -> Op:
     if isinstance(op, Prim):
         renamed = {v: reads[v] for v in op.ins if v in reads and reads[v] != v}
         return replace(op, ins=tuple(reads.get(v, v) for v in op.ins), outs=tuple(writes.get(v, v) for v in op.outs),
-                       text=_retext(op.text, renamed) if renamed and op.text else op.text)
+                       text=retext(op.text, renamed) if renamed and op.text else op.text)
     return replace(op, args=tuple(reads.get(v, v) for v in op.args), out=writes.get(op.out, op.out))
 
 

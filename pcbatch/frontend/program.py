@@ -8,20 +8,23 @@ from typing import Any, Callable, Optional
 from pcbatch.frontend.bound import BoundFunction
 from pcbatch.frontend.converter import convert_function
 from pcbatch.frontend.forks import form_forks
+from pcbatch.frontend.loop_forks import form_loop_forks
 from pcbatch.ir.cfg import closure, duplicate_return_tails
 from pcbatch.ir.core import Call, Program
 from pcbatch.ir.verify import verify_program
 
 
 def build_program(entry: BoundFunction, unwrap: Callable[[Any], Optional[BoundFunction]],
-                  fork: bool = True) -> Program:
+                  fork: bool = True, loops: bool = True) -> Program:
     """Convert `entry` and, transitively, the autobatched functions it calls.
 
     `unwrap(obj)` returns the function behind an autobatched object (with any
     parameters fixed by a partial or a bound method), or None for anything
     else; callees are looked up in each function's globals now, so mutual
     recursion works in any definition order. With `fork`, independent calls
-    in a block become a `Fork` (`form_forks`).
+    in a block become a `Fork` (`form_forks`) and, with `loops` too, a loop's
+    independent calls are launched at once (`form_loop_forks`; its notes say
+    which loops did not fork and why).
     """
     names: dict[BoundFunction, str] = {}
     queue: list[BoundFunction] = []
@@ -51,10 +54,15 @@ def build_program(entry: BoundFunction, unwrap: Callable[[Any], Optional[BoundFu
     calls = {f.name: {op.callee for b in f.blocks for op in b.ops if isinstance(op, Call)} for f in functions}
     live = closure([entry_name], calls.__getitem__)
     kept = tuple(f for f in functions if f.name in live)
+    notes: list[str] = []
+    if fork and loops:
+        split = [form_loop_forks(f) for f in kept]
+        kept = tuple(f for f, _ in split)
+        notes = [n for _, ns in split for n in ns]
     if fork:
         # Tails are duplicated only here: along a fork path a step saved per
         # tree level outweighs the lost sharing; one lane per example gains little.
         kept = tuple(replace(f, blocks=duplicate_return_tails(form_forks(f).blocks)) for f in kept)
-    program = Program(kept, entry_name)
+    program = Program(kept, entry_name, tuple(notes))
     verify_program(program)
     return program

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Iterable, TypeVar
 
-from pcbatch.ir.core import Block, Branch, Call, Fork, Jump, PushJump, Return, Spawn, spawn_targets, successors
+from pcbatch.ir.core import (Await, Block, Branch, Call, Fork, Jump, Launch, PushJump, Return, Spawn, launch_targets,
+                             spawn_targets, successors)
 
 T = TypeVar("T")
 
@@ -24,7 +25,11 @@ def _retarget(block: Block, mapping: dict[int, int]) -> Block:
     elif isinstance(t, Fork):
         calls = tuple(replace(c, target=mapping[c.target]) if isinstance(c, Spawn) else c for c in t.calls)
         t = replace(t, calls=calls, join=mapping[t.join], seq=mapping[t.seq])
-    return replace(block, term=t)
+    elif isinstance(t, Await):
+        t = Await(mapping[t.target])
+    ops = tuple(replace(op, call=replace(op.call, target=mapping[op.call.target]))
+                if isinstance(op, Launch) and isinstance(op.call, Spawn) else op for op in block.ops)
+    return replace(block, ops=ops, term=t)
 
 
 def closure(start: Iterable[T], step: Callable[[T], Iterable[T]]) -> set[T]:
@@ -41,7 +46,8 @@ def closure(start: Iterable[T], step: Callable[[T], Iterable[T]]) -> set[T]:
 
 def reachable(blocks: tuple[Block, ...], start: int = 0) -> list[int]:
     """Indices reachable from `start`, in increasing order."""
-    return sorted(closure([start], lambda i: successors(blocks[i].term) + spawn_targets(blocks[i].term)))
+    return sorted(closure([start], lambda i: successors(blocks[i].term) + spawn_targets(blocks[i].term)
+                          + launch_targets(blocks[i])))
 
 
 def renumber(blocks: tuple[Block, ...], keep: list[int]) -> tuple[Block, ...]:

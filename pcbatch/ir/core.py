@@ -90,7 +90,31 @@ class Join:
     rets: tuple[str, ...]
 
 
-Op = Union[Prim, Call, Push, Pop, Peek, Update, Join]
+@dataclass(frozen=True)
+class Launch:
+    """Start `call` in a lane of its own and go on without waiting (a loop's
+    independent calls, `frontend/loop_forks.py`). The child joins the lane's
+    list of launched children, in launch order. Where no lane is free the
+    lane stops launching until its next `Await`: those calls run later in its
+    own lane (`Collect` finds no child). `call` is a `Call` in Figure 2, a
+    `Spawn` in Figure 4."""
+
+    call: Any
+
+
+@dataclass(frozen=True)
+class Collect:
+    """`out` takes the return value `ret` (the callee in Figure 2, its return
+    variable in Figure 4) of the lane's oldest launched child still held,
+    which is then freed; `flag` says whether there was one (where not, `out`
+    is junk and the code calls the function itself)."""
+
+    out: str
+    ret: str
+    flag: str
+
+
+Op = Union[Prim, Call, Push, Pop, Peek, Update, Join, Launch, Collect]
 STACK_OPS = (Push, Pop, Peek, Update)
 
 
@@ -156,7 +180,15 @@ class Fork:
     loc: Loc | None = field(default=None, compare=False)
 
 
-Terminator = Union[Jump, Branch, Return, PushJump, Fork]
+@dataclass(frozen=True)
+class Await:
+    """Wait off the frontier until every child the lane launched has returned,
+    then go to `target`."""
+
+    target: int
+
+
+Terminator = Union[Jump, Branch, Return, PushJump, Fork, Await]
 
 
 # --- containers ----------------------------------------------------------
@@ -187,6 +219,7 @@ class Program:
 
     functions: tuple[Function, ...]
     entry: str
+    notes: tuple[str, ...] = field(default=(), compare=False)  # what the frontend did not do, and why
 
     def function(self, name: str) -> Function:
         for f in self.functions:
@@ -231,6 +264,7 @@ class StackProgram:
     lanes: int | None = None  # set once the machine's size is known
     stack_depth: int | None = None
     param_locs: Mapping[str, Loc] = field(default_factory=dict, compare=False)  # every function's parameters
+    notes: tuple[str, ...] = field(default=(), compare=False)  # the frontend's (`Program.notes`)
 
     @property
     def num_blocks(self) -> int:
@@ -242,7 +276,11 @@ class StackProgram:
 
     @property
     def has_forks(self) -> bool:
-        return any(isinstance(b.term, Fork) for b in self.blocks)
+        return any(isinstance(b.term, Fork) for b in self.blocks) or self.has_launches
+
+    @property
+    def has_launches(self) -> bool:
+        return any(isinstance(op, Launch) for b in self.blocks for op in b.ops)
 
     def vars_of_class(self, cls: str) -> tuple[str, ...]:
         return tuple(sorted(v for v, c in self.var_class.items() if c == cls))
@@ -256,6 +294,8 @@ def op_reads(op: Op) -> tuple[str, ...]:
         return op.ins
     if isinstance(op, Call):
         return op.args
+    if isinstance(op, Launch):
+        return op.call.args
     if isinstance(op, (Push, Update)):
         return (op.var,)
     return ()
@@ -270,6 +310,8 @@ def op_writes(op: Op) -> tuple[str, ...]:
         return (op.var,)
     if isinstance(op, Join):
         return op.outs  # `rets` are read from the children's lanes, not this one
+    if isinstance(op, Collect):
+        return (op.out, op.flag)
     return ()
 
 
@@ -293,6 +335,8 @@ def successors(term: Terminator) -> tuple[int, ...]:
         return (term.target, term.ret)
     if isinstance(term, Fork):
         return (term.join, term.seq)
+    if isinstance(term, Await):
+        return (term.target,)
     return ()
 
 
@@ -301,3 +345,8 @@ def spawn_targets(term: Terminator) -> tuple[int, ...]:
     if isinstance(term, Fork):
         return tuple(c.target for c in term.calls if isinstance(c, Spawn))
     return ()
+
+
+def launch_targets(block: Block) -> tuple[int, ...]:
+    """Where a Figure 4 block's Launches start children (other lanes)."""
+    return tuple(op.call.target for op in block.ops if isinstance(op, Launch) and isinstance(op.call, Spawn))

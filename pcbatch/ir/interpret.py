@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from pcbatch.ir.core import (Branch, Fork, Join, Jump, Peek, Pop, Prim, Program, Push, PushJump, Return, StackProgram,
-                             Update)
+from pcbatch.ir.core import (Await, Branch, Collect, Fork, Join, Jump, Launch, Peek, Pop, Prim, Program, Push, PushJump,
+                             Return, StackProgram, Update)
 
 
 def _truthy(x: Any) -> bool:
@@ -29,16 +29,25 @@ def run_program(program: Program, *args: Any) -> Any:
         f = functions[name]
         env = dict(zip(f.params, values))
         block = f.blocks[0]
+        launched: list[Any] = []  # the results of launched calls not yet collected
         while True:
             for op in block.ops:
                 if isinstance(op, Prim):
                     env.update(zip(op.outs, op.fn(*(env[v] for v in op.ins))))
+                elif isinstance(op, Launch):
+                    launched.append(call(op.call.callee, tuple(env[a] for a in op.call.args)))
+                elif isinstance(op, Collect):
+                    env[op.flag] = bool(launched)
+                    if launched:
+                        env[op.out] = launched.pop(0)
                 else:
                     env[op.out] = call(op.callee, tuple(env[a] for a in op.args))
             t = block.term
             if isinstance(t, Return):
                 return env[t.value]
             if isinstance(t, Jump):
+                block = f.blocks[t.target]
+            elif isinstance(t, Await):
                 block = f.blocks[t.target]
             elif isinstance(t, Fork):
                 for c in t.calls:
@@ -74,8 +83,10 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
     A Fork runs its children one after another, each as a lane of its own
     (own registers, stacks and pc stack), depth first; `blocks` lists every
     block any of the example's lanes ran, in that order, and `max_depth` is
-    the deepest pc stack of any lane. With `forks=False` every Fork takes its
-    sequential path instead (what a lane does when the pool is exhausted; its
+    the deepest pc stack of any lane. A Launch runs its child the same way, at
+    once; an Await waits for the lane's last block and its children's. With
+    `forks=False` every Fork takes its sequential path and no Launch finds a
+    lane instead (what a lane does when the pool is exhausted; its
     depth bounds what any schedule needs). Stops early, with `finished=False`,
     after `max_steps` blocks or on reaching `max_depth` frames (the depth the
     machine would have needed is then at least `max_depth + 1`), or at the
@@ -95,6 +106,8 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
         stacks: dict[str, list] = {}
         pc_stack = [halt]
         children: list[dict[str, Any]] = []
+        launched: list[dict[str, Any]] = []  # launched children's registers, oldest first, until collected
+        launched_last: list[int] = []  # their last blocks, until the next Await
         node = -1
         while pc != halt:
             if max_steps is not None and len(trace.blocks) >= max_steps:
@@ -119,6 +132,15 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
                     env[op.var] = stacks[op.var][-1]
                 elif isinstance(op, Join):
                     env.update((v, child[r]) for v, r, child in zip(op.outs, op.rets, children))
+                elif isinstance(op, Launch) and forks:
+                    c = op.call
+                    child, last = lane(c.target, {**env, **{p: env[a] for p, a in zip(c.params, c.args)}}, (node,))
+                    launched.append(child)
+                    launched_last.append(last)
+                elif isinstance(op, Collect):
+                    env[op.flag] = bool(launched)
+                    if launched:
+                        env[op.out] = launched.pop(0)[op.ret]
             t = block.term
             if isinstance(t, Jump):
                 pc = t.target
@@ -129,6 +151,10 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
                 trace.max_depth = max(trace.max_depth, len(pc_stack))
                 if max_depth is not None and len(pc_stack) > max_depth:
                     raise Stop
+                pc = t.target
+            elif isinstance(t, Await):
+                waits = (node, *launched_last)
+                launched_last = []
                 pc = t.target
             elif isinstance(t, Fork) and not forks:
                 pc = t.seq

@@ -15,12 +15,15 @@ from pcbatch.ir.core import (
     REGISTER,
     STACKED,
     TEMPORARY,
+    Await,
     Block,
     Branch,
     Call,
+    Collect,
     Fork,
     Join,
     Jump,
+    Launch,
     Op,
     Peek,
     Pop,
@@ -105,7 +108,16 @@ class _Names:
         return name
 
 
-def _format_op(op: Op, names: _Names) -> str:
+def _format_child(c: Any, names: _Names, function_of: Sequence[str] | None) -> str:
+    """A call another lane runs: a Figure 2 `Call`, or a lowered `Spawn`."""
+    if isinstance(c, Call):
+        return f"{names(c.out)} = {c.callee}({', '.join(names(a) for a in c.args)})"
+    args = ", ".join(f"{names(p)}={names(a)}" for p, a in zip(c.params, c.args))
+    # A lowered child starts at a block: name the function it is an entry of.
+    return f"{function_of[c.target]}({args}) @b{c.target}" if function_of else f"b{c.target}({args})"
+
+
+def _format_op(op: Op, names: _Names, function_of: Sequence[str] | None = None) -> str:
     if isinstance(op, Prim):
         outs = ", ".join(names(v, typed=True) for v in op.outs)
         text = op.text or ", ".join(names(v) for v in op.ins)  # a copy
@@ -114,6 +126,10 @@ def _format_op(op: Op, names: _Names) -> str:
         return f"{names(op.out)} = call {op.callee}({', '.join(names(a) for a in op.args)})"
     if isinstance(op, Join):
         return f"{', '.join(names(v, typed=True) for v in op.outs)} = join {', '.join(names(r) for r in op.rets)}"
+    if isinstance(op, Launch):
+        return f"launch {_format_child(op.call, names, function_of)}"
+    if isinstance(op, Collect):
+        return f"{names(op.out, typed=True)}, {names(op.flag)} = collect {names(op.ret)}"
     kind = {Push: "push", Pop: "pop", Peek: "peek", Update: "update"}[type(op)]
     return f"{kind} {names(op.var)}"
 
@@ -128,26 +144,27 @@ def _format_term(term: Terminator, names: _Names, function_of: Sequence[str] | N
     if isinstance(term, Return):
         return f"return {names(term.value)}" if term.value is not None else "return"
     if isinstance(term, Fork):
-        def child(c) -> str:
-            if isinstance(c, Call):
-                return f"{names(c.out)} = {c.callee}({', '.join(names(a) for a in c.args)})"
-            args = ", ".join(f"{names(p)}={names(a)}" for p, a in zip(c.params, c.args))
-            # A lowered child starts at a block: name the function it is an entry of.
-            return f"{function_of[c.target]}({args}) @b{c.target}" if function_of else f"b{c.target}({args})"
-        return f"fork [{'; '.join(child(c) for c in term.calls)}] join b{term.join}, else sequential b{term.seq}"
+        children = "; ".join(_format_child(c, names, function_of) for c in term.calls)
+        return f"fork [{children}] join b{term.join}, else sequential b{term.seq}"
+    if isinstance(term, Await):
+        return f"await children, then b{term.target}"
     raise TypeError(term)
 
 
 def _format_block(index: int, block: Block, names: _Names, function_of: Sequence[str] | None = None) -> list[str]:
     where = f"   # {block.loc}" if block.loc else ""
     lines = [f"  b{index} ({block.label}):{where}"]
-    lines += [f"    {_format_op(op, names)}" for op in block.ops]
+    lines += [f"    {_format_op(op, names, function_of)}" for op in block.ops]
     lines.append(f"    {_format_term(block.term, names, function_of)}")
     return lines
 
 
+def _format_notes(notes: Sequence[str]) -> list[str]:
+    return [f"# note: {n}" for n in notes]
+
+
 def format_program(program: Program) -> str:
-    out = []
+    out = _format_notes(program.notes)
     for fn in program.functions:
         entry = "  # entry" if fn.name == program.entry else ""
         out.append(f"def {fn.name}({', '.join(fn.params)}):{entry}")
@@ -162,6 +179,7 @@ def format_stack_program(prog: StackProgram) -> str:
     types = prog.var_types
     out = [f"stack program: {prog.num_blocks} blocks, entry b{prog.entry_block}, result {prog.result}"]
     out.append(f"  inputs: {', '.join(prog.entry_params)}")
+    out += ["  " + n for n in _format_notes(prog.notes)]
     for cls in (CONSTANT, INVARIANT, STACKED, REGISTER, TEMPORARY):
         vs = prog.vars_of_class(cls)
         if vs:

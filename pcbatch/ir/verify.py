@@ -3,10 +3,14 @@ from __future__ import annotations
 
 from pcbatch.ir.core import (
     Block,
+    Branch,
     STACK_OPS,
+    Await,
     Call,
+    Collect,
     Fork,
     Join,
+    Launch,
     Peek,
     Pop,
     Prim,
@@ -48,8 +52,12 @@ def verify_program(program: Program) -> None:
         defined = set(f.params)
         for b in f.blocks:
             for op in b.ops:
-                _check(isinstance(op, (Prim, Call)), f"{f.name}: {op} is not a Figure 2 op")
+                _check(isinstance(op, (Prim, Call, Launch, Collect)), f"{f.name}: {op} is not a Figure 2 op")
                 defined.update(op_writes(op))
+                if isinstance(op, Launch):
+                    op = op.call
+                if isinstance(op, Collect):
+                    _check(op.ret in arity, f"{f.name} collects from unknown {op.ret}")
                 if isinstance(op, Call):
                     _check(op.callee in arity, f"{f.name} calls unknown {op.callee}")
                     _check(len(op.args) == arity[op.callee], f"{f.name} calls {op.callee} with wrong arity")
@@ -94,6 +102,13 @@ def verify_stack_program(prog: StackProgram) -> None:
                    f"b{i}: a Fork's join block must start with a Join")
             for c in b.term.calls:
                 _check(0 <= c.target < prog.num_blocks, f"b{i} spawns missing block b{c.target}")
+        collects = [k for k, op in enumerate(b.ops) if isinstance(op, Collect)]
+        # The machine moves the lane's child list once per step: one Collect, last, before a branch on its flag.
+        _check(not collects or (collects == [len(b.ops) - 1] and isinstance(b.term, Branch)
+                                and b.term.cond == b.ops[-1].flag), f"b{i}: a Collect must end its block")
+        for op in b.ops:
+            if isinstance(op, Launch):
+                _check(0 <= op.call.target < prog.num_blocks, f"b{i} launches missing block b{op.call.target}")
     if prog.var_class:
         for b in prog.blocks:
             for op in b.ops:

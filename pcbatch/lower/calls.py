@@ -7,14 +7,16 @@
 * `return v` becomes `f.ret = v; Return`;
 * a self call in tail position becomes a plain jump (no pc push, no stack);
 * a `Fork` spawns each callee's entry with its (non-constant) parameters, and
-  its join block starts with a `Join` of the callees' return values;
+  its join block starts with a `Join` of the callees' return values; a
+  `Launch` spawns the same way, and a `Collect` reads the callee's `<ret>`;
 * assignments of machine constants are hoisted into the prelude.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pcbatch.ir.core import Block, Branch, Call, Fork, Join, Jump, Op, Prim, Program, PushJump, Return, Spawn
+from pcbatch.ir.core import (Await, Block, Branch, Call, Collect, Fork, Join, Jump, Launch, Op, Prim, Program, PushJump,
+                             Return, Spawn)
 from pcbatch.lower.constants import qualify
 
 
@@ -44,6 +46,13 @@ def _param_pairs(callee, caller: str, args: tuple[str, ...], consts: dict[str, s
     (constant and invariant parameters already hold their value)."""
     return [(qualify(callee.name, p), qualify(caller, a)) for p, a in zip(callee.params, args)
             if qualify(callee.name, p) not in consts]
+
+
+def _spawn(program: Program, caller: str, call: Call, consts: dict[str, str], entry_of: dict[str, int]) -> Spawn:
+    """A call run in a lane of its own: the callee's entry, its (non-constant) parameters from the caller's arguments."""
+    callee = program.function(call.callee)
+    pairs = _param_pairs(callee, caller, call.args, consts)
+    return Spawn(entry_of[callee.name], tuple(p for p, _ in pairs), tuple(a for _, a in pairs))
 
 
 def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
@@ -80,6 +89,12 @@ def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
                     else:
                         ops.append(q)
                     continue
+                if isinstance(op, Launch):
+                    ops.append(Launch(_spawn(program, f.name, op.call, consts, m.entry_of)))
+                    continue
+                if isinstance(op, Collect):
+                    ops.append(Collect(qualify(f.name, op.out), ret_var(op.ret), qualify(f.name, op.flag)))
+                    continue
                 callee = program.function(op.callee)
                 pairs = _param_pairs(callee, f.name, op.args, consts)
                 if pairs:
@@ -112,12 +127,10 @@ def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
             elif isinstance(term, Branch):
                 term = Branch(qualify(f.name, term.cond), starts[term.true], starts[term.false], term.loc)
             elif isinstance(term, Fork):
-                spawns = []
-                for c in term.calls:
-                    callee = program.function(c.callee)
-                    pairs = _param_pairs(callee, f.name, c.args, consts)
-                    spawns.append(Spawn(m.entry_of[callee.name], tuple(p for p, _ in pairs), tuple(a for _, a in pairs)))
-                term = Fork(tuple(spawns), starts[term.join], starts[term.seq], term.loc)
+                spawns = tuple(_spawn(program, f.name, c, consts, m.entry_of) for c in term.calls)
+                term = Fork(spawns, starts[term.join], starts[term.seq], term.loc)
+            elif isinstance(term, Await):
+                term = Await(starts[term.target])
             m.blocks.append(Block(label, tuple(ops), term, loc))
             m.block_function.append(f.name)
     return m

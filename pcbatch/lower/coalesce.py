@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pcbatch.ir.core import Block, Branch, Fork, Join, Prim, op_reads, op_writes, term_reads
+from pcbatch.ir.core import Block, Branch, Collect, Fork, Join, Launch, Prim, op_reads, op_writes, term_reads
 
 
 def is_copy(op) -> bool:
@@ -80,6 +80,11 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
                     continue
             elif isinstance(op, Join):
                 op = replace(op, outs=tuple(map(name, op.outs)))
+            elif isinstance(op, Launch):
+                op = Launch(replace(op.call, params=tuple(map(name, op.call.params)),
+                                    args=tuple(map(name, op.call.args))))
+            elif isinstance(op, Collect):
+                op = replace(op, out=name(op.out), flag=name(op.flag))
             ops.append(op)
         term = b.term
         if isinstance(term, Branch):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pcbatch.ir.core import Prim, Program
+from pcbatch.ir.core import Call, Collect, Launch, Prim, Program
 
 
 def qualify(fn: str, var: str) -> str:
@@ -32,8 +32,16 @@ def find_constants(program: Program, shared_inputs: tuple[bool, ...]) -> dict[st
                 if isinstance(op, Prim):
                     for v in op.outs:
                         defs[qualify(f.name, v)].append((f.name, op))
+                    continue
+                if isinstance(op, Collect):  # another lane's result: never a constant
+                    defs[qualify(f.name, op.out)].append((f.name, op))
+                    defs[qualify(f.name, op.flag)].append((f.name, op))
+                    continue
+                if isinstance(op, Launch):
+                    op = op.call
                 else:
                     defs[qualify(f.name, op.out)].append((f.name, op))
+                if isinstance(op, Call):
                     callee = program.function(op.callee)
                     for p, a in zip(callee.params, op.args):
                         call_args[qualify(callee.name, p)].append(qualify(f.name, a))

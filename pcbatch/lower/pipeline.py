@@ -5,7 +5,7 @@ from dataclasses import replace
 from typing import Any
 
 from pcbatch.ir.cfg import reachable, renumber
-from pcbatch.ir.core import CONSTANT, INVARIANT, STACKED, Join, Prim, Program, StackProgram
+from pcbatch.ir.core import CONSTANT, INVARIANT, STACKED, Collect, Join, Prim, Program, StackProgram
 from pcbatch.ir.verify import verify_stack_program
 from pcbatch.lower.calls import merge_functions, ret_var
 from pcbatch.lower.coalesce import coalesce_copies
@@ -53,6 +53,7 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     params_of = {f.name: tuple(qualify(f.name, p) for p in f.params) for f in program.functions}
     # Return values a Join reads from children's lanes: never renamed, always stored.
     joined = {r for b in blocks for op in b.ops if isinstance(op, Join) for r in op.rets}
+    joined |= {op.ret for b in blocks for op in b.ops if isinstance(op, Collect)}
     # Every `<ret>` keeps its name, so `rets` stays true after coalescing (a
     # local may still be renamed *to* one).
     keep_names = ({ret_var(f.name) for f in program.functions} | set(params_of[program.entry]) | set(consts)
@@ -78,7 +79,7 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     param_locs = {qualify(f.name, p): loc for f in program.functions for p, loc in zip(f.params, f.param_locs)
                   if loc is not None}
     prog = StackProgram(blocks, entry_block, entry_params, result, prelude, classes, {}, block_function,
-                        stack_conflicts(blocks), crossing=crossing, param_locs=param_locs)
+                        stack_conflicts(blocks), crossing=crossing, param_locs=param_locs, notes=program.notes)
     verify_stack_program(prog)
     return prog
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from pcbatch.errors import Loc, TypeMismatchError, UnsupportedSyntaxError
-from pcbatch.ir.core import Branch, Fork, Join, Prim, StackProgram
+from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
 from pcbatch.ir.printer import format_type
 
 
@@ -72,6 +72,11 @@ def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, An
         if isinstance(b.term, Fork):
             ops += [Prim(c.params, c.args, lambda *xs: xs, "", b.term.loc) for c in b.term.calls if c.params]
         ops += [Prim(op.outs, op.rets, lambda *xs: xs, "", b.loc) for op in b.ops if isinstance(op, Join)]
+        # A Launch's parameter assignments, a Collect's result and its flag (a bool).
+        ops += [Prim(op.call.params, op.call.args, lambda *xs: xs, "", b.loc)
+                for op in b.ops if isinstance(op, Launch) and op.call.params]
+        ops += [Prim((op.out, op.flag), (op.ret,), lambda x: (x, jnp.bool_(True)), "", b.loc)
+                for op in b.ops if isinstance(op, Collect)]
 
     def assign(var: str, t: Any, loc: Loc | None) -> bool:
         if var not in types:

@@ -20,11 +20,14 @@ import jax.numpy as jnp
 from pcbatch.ir.core import (
     CONSTANT,
     INVARIANT,
+    Await,
     Block,
     Branch,
+    Collect,
     Fork,
     Join,
     Jump,
+    Launch,
     Peek,
     Pop,
     Prim,
@@ -92,12 +95,14 @@ def run_prim(op: Prim, read, types: Any, lanes: int | None) -> dict[str, Any]:
 
 
 def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, types: Any,
-                   lanes: int | None, prims: dict[int, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                   lanes: int | None, prims: dict[int, Any] | None = None,
+                   launch: Callable | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The values a block's ops compute, on a batch of lanes: `env` (every
     variable an op assigns) and, per stack, the value its Push/Update writes.
     `read(v)` gives `(value, batched)` of a variable not assigned earlier in
     the block, `top(s)` the top of stack `s` (a block reads a stack at most
-    once, before it writes it), `join(op)` a Join's values by out.
+    once, before it writes it), `join(op)` a Join's (or a Collect's) values
+    by out; `launch(op, get)` sees each Launch with the values at that point.
     `prims[k](op, get)`, where given, computes the k-th op instead of
     `run_prim` (the same values in the lanes that run the block). Both
     machines run blocks with it, and gradients (`grad/backward.py`) differentiate it."""
@@ -117,8 +122,10 @@ def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, type
             pushed[stack_of[op.var]] = get(op.var)[0]
         elif isinstance(op, (Pop, Peek)):
             env[op.var] = top(stack_of[op.var])
-        elif isinstance(op, Join):
+        elif isinstance(op, (Join, Collect)):
             env.update(join(op))
+        elif isinstance(op, Launch):
+            launch(op, get)
     return env, pushed
 
 
@@ -148,14 +155,14 @@ def no_writes(stacks: dict[str, Any], lanes: int, depth: int) -> dict[str, tuple
 
 def execute(block: Block, stack_of: dict[str, str], stacks: dict[str, Any], types: Any,
             read: Callable, top: Callable, join: Callable | None, rows: Rows, codes: Codes,
-            depth: int, lanes: int, prims: dict[int, Any] | None = None) -> Ran:
+            depth: int, lanes: int, prims: dict[int, Any] | None = None, launch: Callable | None = None) -> Ran:
     """Run `block` on `lanes` rows (see `Rows`, `Ran`). `read(v)` gives a
     variable's `(value, batched)` before the block, `top(s)` stack `s`'s top,
     `join(op)` a Join's children's return values; `depth` is the stacks'
     depth (a pointer reaching it overflows)."""
     idx = index_dtype()
     valid = rows.valid
-    env, pushed = block_dataflow(block, stack_of, read, top, join, types, lanes, prims)
+    env, pushed = block_dataflow(block, stack_of, read, top, join, types, lanes, prims, launch)
     writes = no_writes(stacks, lanes, depth)
     sps = dict(rows.sps)
     for s, (_, w, d) in stack_offsets(block, stack_of).items():
@@ -166,7 +173,7 @@ def execute(block: Block, stack_of: dict[str, str], stacks: dict[str, Any], type
     term = block.term
     no = jnp.zeros((lanes,), bool)
     pc, pc_sp, pc_write, overflow, finished = None, rows.pc_sp, None, no, no
-    if isinstance(term, Jump):
+    if isinstance(term, (Jump, Await)):  # an Await's lanes with children out: the pool blocks them
         pc = jnp.full((lanes,), term.target, idx)
     elif isinstance(term, Branch):
         cond = env[term.cond] if term.cond in env else read(term.cond)[0]

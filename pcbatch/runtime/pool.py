@@ -41,10 +41,13 @@ from pcbatch.ir.core import (
     INVARIANT,
     REGISTER,
     STACKED,
+    Await,
     Branch,
+    Collect,
     Fork,
     Join,
     Jump,
+    Launch,
     PushJump,
     Return,
     StackProgram,
@@ -90,6 +93,8 @@ def successors(term: Any, return_targets: list[int]) -> list[int]:
         return list(return_targets)
     if isinstance(term, Fork):
         return [term.seq]
+    if isinstance(term, Await):
+        return [term.target]
     return []
 
 
@@ -116,10 +121,21 @@ class PoolMachine:
         self.stack_of, self.stacks, self.stack_writers = self.layout
         self.pushjumps = [b for b, blk in enumerate(blocks) if isinstance(blk.term, PushJump)]
         self.forks = {b: blk.term for b, blk in enumerate(blocks) if isinstance(blk.term, Fork)}
-        self.fan = max((len(t.calls) for t in self.forks.values()), default=1)
+        self.launches = {b: [op.call for op in blk.ops if isinstance(op, Launch)] for b, blk in enumerate(blocks)}
+        self.launches = {b: calls for b, calls in self.launches.items() if calls}
+        assert not set(self.launches) & set(self.forks), "a block both launches and forks"
+        self.fan = max([len(t.calls) for t in self.forks.values()] + [len(c) for c in self.launches.values()] + [1])
+        # Per parameter a Launch assigns (in the child's lane): the blocks that launch with it.
+        self.launch_params: dict[str, list[int]] = {}
+        for b, calls in self.launches.items():
+            for c in calls:
+                for p in c.params:
+                    if p in self.stored and b not in self.launch_params.setdefault(p, []):
+                        self.launch_params[p].append(b)
         # Where a Return can go: any call's return address (the popped pc).
         self.return_targets = sorted({blk.term.ret for blk in blocks if isinstance(blk.term, PushJump)})
-        self.joins = sorted({t.join for t in self.forks.values()})
+        self.joins = sorted({t.join for t in self.forks.values()}
+                            | {blk.term.target for blk in blocks if isinstance(blk.term, Await)})
         self._columns()
 
     # --- state -----------------------------------------------------------
@@ -127,12 +143,15 @@ class PoolMachine:
     # Each lane's small integers live in one table, `lane[M, C]`, so a step
     # gathers and scatters them as one row: pc stack pointer, blocks run,
     # parent lane (-1: an example's root lane), pending children, poisoned
-    # (a descendant overflowed), example, one stack pointer per stack, and
-    # the lanes of its outstanding children. The pc stays separate (the
+    # (a descendant overflowed), example, the list of its launched children
+    # (first and last lane, each child's next sibling; M ends it), whether it
+    # stopped launching for want of lanes, one stack pointer per stack, and
+    # the lanes of a Fork's outstanding children. The pc stays separate (the
     # status, and the schedulers that look at every lane, read it).
 
     def _columns(self) -> None:
-        names = ["pc_sp", "depth", "parent", "pending", "poison", "example"] + [f"sp:{s}" for s in self.stacks]
+        names = ["pc_sp", "depth", "parent", "pending", "poison", "example", "kid_head", "kid_tail", "sibling",
+                 "stalled"] + [f"sp:{s}" for s in self.stacks]
         self.col = {n: k for k, n in enumerate(names)}
         self.kids = slice(len(names), len(names) + self.fan)
         self.num_cols = len(names) + self.fan
@@ -152,6 +171,7 @@ class PoolMachine:
         lane = lane.at[:, col["pc_sp"]].set(1)  # slot 0 belongs to the bottom frame and is never read
         lane = lane.at[:, col["parent"]].set(-1).at[:, col["example"]].set(jnp.arange(M, dtype=idx) % B)
         lane = lane.at[:, self.kids].set(M)
+        lane = lane.at[:, col["kid_head"]].set(M).at[:, col["kid_tail"]].set(M).at[:, col["sibling"]].set(M)
         entry, examples = self.prog.entry_block, jnp.arange(B, dtype=idx)
         running = jnp.ones((B,), bool) if active is None else active  # padding examples start halted
         slot = jnp.where(running, jnp.cumsum(running, dtype=idx) - 1, M)
@@ -181,6 +201,17 @@ class PoolMachine:
         k = jnp.arange(W, dtype=q.head.dtype)
         ids = q.lanes[block, (q.head[block] + k) % M]
         return jnp.where(k < q.count[block], ids, M)
+
+    def child_rows(self, parents: jax.Array, depth: jax.Array, example: jax.Array) -> jax.Array:
+        """Lane-table rows of children started by `parents` (any shape): a
+        fresh bottom frame, no children of their own."""
+        M, col, idx = self.lanes, self.col, index_dtype()
+        rows = jnp.zeros(parents.shape + (self.num_cols,), idx)
+        rows = rows.at[..., col["pc_sp"]].set(1).at[..., self.kids].set(M)
+        for name in ("kid_head", "kid_tail", "sibling"):
+            rows = rows.at[..., col[name]].set(M)
+        return rows.at[..., col["parent"]].set(parents).at[..., col["depth"]].set(depth).at[..., col["example"]].set(
+            example)
 
     # --- one block on a compacted batch -----------------------------------
 
@@ -220,10 +251,24 @@ class PoolMachine:
                 return tree_map(lambda a: a.at[jnp.maximum(sps[s] - 1, 0), ids].get(mode="fill", fill_value=0),
                                 view["stacks"][s])
 
-            def join(op: Join) -> dict[str, Any]:
+            def join(op: Join | Collect) -> dict[str, Any]:
+                if isinstance(op, Collect):  # the oldest launched child still held
+                    head = get("kid_head")
+                    return {op.out: cast_to(gather_rows(view["regs"][op.ret], head), types[op.out], None),
+                            op.flag: head < M}
                 kids = own[:, self.kids]
                 return {v: cast_to(gather_rows(view["regs"][r], kids[:, k]), types[v], None)
                         for k, (v, r) in enumerate(zip(op.outs, op.rets))}
+
+            launched: list[tuple[int, dict[str, Any]]] = []  # per Launch: its entry, the child's parameters
+
+            def launch(op: Launch, read) -> None:
+                values = {}
+                for p, a in zip(op.call.params, op.call.args):
+                    if p in self.launch_params:
+                        x, batched = read(a)
+                        values[p] = cast_to(x, types[p], None if batched else W)
+                launched.append((op.call.target, values))
 
             child = get("parent") >= 0
             pc_sp = get("pc_sp")
@@ -231,7 +276,7 @@ class PoolMachine:
             if isinstance(block.term, Return):
                 pc_top = view["pc_stack"].at[jnp.maximum(pc_sp - 1, 0), ids].get(mode="fill", fill_value=self.halt)
             ran = execute(block, self.stack_of, self.stacks, types, load, top, join,
-                          Rows(valid, sps, pc_sp, pc_top, child), self.codes, D, W)
+                          Rows(valid, sps, pc_sp, pc_top, child), self.codes, D, W, launch=launch)
             stack_writes = ran.stack_writes
             if ran.pc_write is not None:
                 pc_write = ran.pc_write
@@ -244,8 +289,66 @@ class PoolMachine:
                         mode="fill", fill_value=0)
                 freed = jnp.where(valid[:, None], kids, M).reshape(-1)
 
+            link = (jnp.full((W,), M, idx), jnp.full((W,), M, idx))  # (lane, its new next sibling)
+            launch_params: dict[str, tuple[jax.Array, Any]] = {}
+            if block.ops and isinstance(block.ops[-1], Collect):
+                head = get("kid_head")
+                took = valid & (head < M)
+                after = view["lane"].at[head, col["sibling"]].get(mode="fill", fill_value=M)
+                changes["kid_head"] = jnp.where(took, after, head)
+                changes["kid_tail"] = jnp.where(took & (after == M), M, get("kid_tail"))
+                changes["poison"] = changes["poison"] | view["lane"].at[head, col["poison"]].get(
+                    mode="fill", fill_value=0)
+                freed = pad_rows(jnp.where(took, head, M), W * K, M)
+
             term, pc = block.term, ran.pc
             kid_dest = jnp.full((W * K,), nb, idx)
+            if b in self.launches:
+                # Each row takes one free lane per Launch, in (row, launch) order,
+                # until none is left; a row that misses one stops launching
+                # (its later calls must not overtake it) until its Await.
+                calls = self.launches[b]
+                L = len(calls)
+                stalled = get("stalled") != 0
+                want = jnp.broadcast_to((valid & ~stalled)[:, None], (W, L))
+                rank = jnp.cumsum(want.reshape(-1), dtype=idx).reshape(W, L) - 1
+                granted = want & (rank < view["free_top"])
+                kids = jnp.where(granted, view["free"][jnp.clip(rank, 0, W * K - 1)], M)
+                got = jnp.sum(granted, axis=1, dtype=idx)
+                used = jnp.sum(got, dtype=idx)
+                changes["stalled"] = (stalled | (valid & ~stalled & (got < L))).astype(idx)
+                first, last = kids[:, 0], kids[jnp.arange(W), jnp.maximum(got - 1, 0)]
+                old_head, old_tail = get("kid_head"), get("kid_tail")
+                some = got > 0
+                changes["kid_head"] = jnp.where(some & (old_head == M), first, old_head)
+                changes["kid_tail"] = jnp.where(some, last, old_tail)
+                changes["pending"] = get("pending") + got
+                link = (jnp.where(some, old_tail, M), first)
+                rows = self.child_rows(jnp.broadcast_to(ids[:, None], (W, L)),
+                                       jnp.broadcast_to(changes["depth"][:, None], (W, L)),
+                                       jnp.broadcast_to(get("example")[:, None], (W, L)))
+                nexts = jnp.concatenate([kids[:, 1:], jnp.full((W, 1), M, idx)], axis=1)
+                rows = rows.at[:, :, col["sibling"]].set(nexts)
+                starts = jnp.broadcast_to(jnp.array([c.target for c in calls], idx), (W, L))
+                pad = ((0, 0), (0, K - L))
+                kids_k = jnp.pad(kids, pad, constant_values=M).reshape(-1)
+                spawned = (kids_k, jnp.pad(rows, pad + ((0, 0),)).reshape(W * K, -1),
+                           jnp.pad(starts, pad).reshape(-1))
+                kid_dest = jnp.where(kids_k < M, spawned[2], nb)
+                for p in self.launch_params:
+                    if b not in self.launch_params[p]:
+                        continue
+                    lanes_p = jnp.stack([jnp.where(granted[:, j], kids[:, j], M) if p in vals
+                                         else jnp.full((W,), M, idx) for j, (_, vals) in enumerate(launched)], 1)
+                    vals_p = [vals.get(p, zeros_of(types[p], (W,))) for _, vals in launched]
+                    values = tree_map(lambda *xs: jnp.stack(xs, 1), *vals_p)
+                    launch_params[p] = (jnp.pad(lanes_p, pad, constant_values=M).reshape(-1),
+                                        tree_map(lambda x: jnp.pad(x, pad + ((0, 0),) * (x.ndim - 2)).reshape(
+                                            (W * K,) + x.shape[2:]), values))
+            if isinstance(term, Await):
+                waiting = get("pending") > 0
+                pc = jnp.where(waiting, -1 - term.target, term.target).astype(idx)
+                changes["stalled"] = jnp.zeros((W,), idx)
             if isinstance(term, Fork):
                 k = len(term.calls)
                 room = view["free_top"] // k
@@ -256,11 +359,9 @@ class PoolMachine:
                 own = own.at[:, self.kids].set(kids)
                 changes["pending"] = jnp.where(can, k, get("pending"))
                 # The children's rows: a fresh bottom frame, this lane as parent.
-                rows = jnp.zeros((W, K, self.num_cols), idx)
-                rows = rows.at[:, :, col["pc_sp"]].set(1).at[:, :, self.kids].set(M)
-                rows = rows.at[:, :, col["parent"]].set(ids[:, None])
-                rows = rows.at[:, :, col["depth"]].set(changes["depth"][:, None])  # the Fork's successors
-                rows = rows.at[:, :, col["example"]].set(get("example")[:, None])
+                rows = self.child_rows(jnp.broadcast_to(ids[:, None], (W, K)),  # the Fork's successors' depth
+                                       jnp.broadcast_to(changes["depth"][:, None], (W, K)),
+                                       jnp.broadcast_to(get("example")[:, None], (W, K)))
                 starts = jnp.array([c.target for c in term.calls] + [0] * (K - k), idx)
                 starts = jnp.broadcast_to(starts, (W, K))
                 spawned = (kids.reshape(-1), rows.reshape(W * K, -1), starts.reshape(-1))
@@ -273,7 +374,8 @@ class PoolMachine:
             targets = successors(term, self.return_targets)
             if isinstance(term, Fork):
                 targets = targets + [c.target for c in term.calls]
-            dest = jnp.where(valid, pc, nb)
+            targets = targets + [c.target for c in self.launches.get(b, [])]
+            dest = jnp.where(valid & (pc >= 0), pc, nb)  # a blocked row (pc < 0) waits on no queue
             dest = jnp.concatenate([pad_rows(dest, N, nb), pad_rows(kid_dest, N * K, nb)])
             rank, added = ranks_by(dest, targets, nb)
 
@@ -295,6 +397,12 @@ class PoolMachine:
             out["pc_row"] = pad_rows(pc_write[0], N, D)
             out["freed"] = pad_rows(freed, N * K, M)
             out["spawn_lanes"] = pad_rows(spawned[0], N * K, M)
+            out["link"] = tuple(pad_rows(x, N, M) for x in link)
+            out["launch_params"] = {
+                p: launch_params.get(p, (jnp.full((W * K,), M, idx), zeros_of(types[p], (W * K,))))
+                for p in self.launch_params}
+            out["launch_params"] = {p: (pad_rows(lanes_p, N * K, M), tree_map(lambda x: pad_rows(x, N * K), vals))
+                                    for p, (lanes_p, vals) in out["launch_params"].items()}
             out.update(dest=dest, rank=rank, added=added, used=used)
             return out
 
@@ -385,6 +493,11 @@ class PoolMachine:
             for f, term in self.forks.items():
                 regs = lax.cond(block == f, self._spawn_params(term, consts, inv, kid, src, example),
                                 lambda r: r, regs)
+            for p, (lanes_p, vals) in out["launch_params"].items():
+                regs[p] = lax.cond(block_in(block, self.launch_params[p]), lambda r, l, x: scatter_rows(r, l, x),
+                                   lambda r, l, x: r, regs[p], lanes_p, vals)
+            # A launch appends to the parent's child list: its old last child points on.
+            lane = lane.at[out["link"][0], col["sibling"]].set(out["link"][1], mode="drop")
             # Children that finished: their parents' pending counts drop, and
             # a parent whose count reaches 0 waits at its join block.
             parent = out["decrement"]
@@ -395,7 +508,8 @@ class PoolMachine:
             r = jnp.arange(N, dtype=pc.dtype)
             claim = state.claim.at[parent].set(r, mode="drop")  # one of the siblings speaks for the parent
             woke = ((parent < M) & (claim.at[parent].get(mode="fill", fill_value=-1) == r)
-                    & (lane.at[parent, col["pending"]].get(mode="fill", fill_value=1) == 0))
+                    & (lane.at[parent, col["pending"]].get(mode="fill", fill_value=1) == 0)
+                    & (pc.at[parent].get(mode="fill", fill_value=0) < 0))  # a launching parent may not wait yet
             join = -1 - pc.at[parent].get(mode="fill", fill_value=0)
             dest = jnp.where(woke, join, nb)
             rank, added = ranks_by(dest, self.joins, nb)

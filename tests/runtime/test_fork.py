@@ -121,10 +121,12 @@ def differential(fn, *args, ref=None, jit: bool = False):
 
 
 def fork_lines(fn) -> list[str]:
-    """The forks of `fn`'s own body (not of the functions it calls)."""
-    own = str(fn.ir()).split("\n\ndef ")[0]
+    """The forks of `fn`'s own body (not of the functions it calls): Forks and
+    loop forks (one `await` each)."""
+    text = "\n".join(line for line in str(fn.ir()).splitlines() if not line.startswith("# note:"))
+    own = text.split("\n\ndef ")[0]
     assert own.startswith(f"def {fn.__name__}(")
-    return [line for line in own.splitlines() if "fork [" in line]
+    return [line for line in own.splitlines() if "fork [" in line or "await children" in line]
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,275 @@
+"""Loop forks: the calls a loop makes independently run at once, in lanes of their own.
+
+The natural code for a tree of any arity loops over a node's children and
+recurses into each::
+
+    k = tree.first_child[node]
+    while k >= 0:
+        h, c = encode(tree, k)
+        h_sum, fc_sum = h_sum + h, fc_sum + sigmoid(U @ h) * c
+        k = tree.next_sibling[k]
+
+A `Fork` needs its calls side by side in one block; these are one call site
+run a data-dependent number of times. Where nothing that steers the loop and
+nothing a call's arguments are made of depends on a call's result (a taint
+analysis over the loop's dataflow proves it), the loop runs twice, as pfor
+splits a loop into what the iterations share and what they do alone:
+
+1. a launch loop: the loop cut down to what its branches and those calls'
+   arguments need, on renamed variables, which launches each call in a lane
+   of its own (`Launch`) and moves on;
+2. `Await` every child;
+3. the loop itself, where each launched call became `Collect` of the next
+   child's result, or, where the pool had no lane free when it was launched,
+   the call itself.
+
+Both loops take the same path, so the collects meet the children in launch
+order, and everything else runs in the loop's own order: the results,
+floating-point accumulation included, are the Python's. A loop whose proof
+fails keeps its calls (its inner loops are tried on their own), and
+`Program.notes` says why. Runs before `form_forks`, on Figure 2 functions.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pcbatch.frontend.forks import retext
+from pcbatch.ir.cfg import simplify
+from pcbatch.ir.core import (Await, Block, Branch, Call, Collect, Function, Jump, Launch, Op, Prim, Return, op_reads,
+                             op_writes, successors, term_reads)
+
+_LAUNCH = "%launch"  # suffix of the launch loop's copies of the loop's variables
+
+
+def _sccs(nodes: list[int], succ: dict[int, list[int]]) -> list[list[int]]:
+    """Strongly connected components of the subgraph on `nodes` (Tarjan, iterative)."""
+    inside = set(nodes)
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    stack: list[int] = []
+    on: set[int] = set()
+    out: list[list[int]] = []
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter([s for s in succ[root] if s in inside]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter([s for s in succ[w] if s in inside])))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    out.append(sorted(comp))
+    return out
+
+
+def _live_in(blocks: list[Block]) -> list[set[str]]:
+    """Variables live on entry to each block (a Return's value is read there)."""
+    use, defs = [], []
+    for b in blocks:
+        u: set[str] = set()
+        d: set[str] = set()
+        for op in b.ops:
+            u.update(v for v in op_reads(op) if v not in d)
+            d.update(op_writes(op))
+        u.update(v for v in term_reads(b.term) if v not in d)
+        use.append(u)
+        defs.append(d)
+    live = [set(u) for u in use]
+    changed = True
+    while changed:
+        changed = False
+        for i in reversed(range(len(blocks))):
+            out = set().union(*(live[s] for s in successors(blocks[i].term)))
+            new = use[i] | (out - defs[i])
+            if new != live[i]:
+                live[i] = new
+                changed = True
+    return live
+
+
+def _line(loc) -> str:
+    return f" (line {loc.lineno})" if loc is not None else ""
+
+
+class _Loops:
+    def __init__(self, fn: Function):
+        self.fn = fn
+        self.blocks = list(fn.blocks)
+        self.notes: list[str] = []
+        self.live = _live_in(self.blocks)
+
+    def succ(self) -> dict[int, list[int]]:
+        return {i: list(successors(b.term)) for i, b in enumerate(self.blocks)}
+
+    def run(self) -> tuple[Function, list[str]]:
+        succ = self.succ()
+        for region in _sccs(list(range(len(self.blocks))), succ):
+            self.visit(region, succ)
+        if len(self.blocks) == len(self.fn.blocks):
+            return self.fn, self.notes
+        return replace(self.fn, blocks=simplify(tuple(self.blocks))), self.notes
+
+    def visit(self, region: list[int], succ: dict[int, list[int]]) -> None:
+        """Fork `region`'s calls if it is a loop that may, else try the loops inside it."""
+        looped = len(region) > 1 or region[0] in succ[region[0]]
+        if not looped or not any(isinstance(op, Call) for i in region for op in self.blocks[i].ops):
+            return
+        why = self.try_fork(region)
+        if why is None:
+            return
+        self.notes.append(why)
+        inside = set(region)
+        headers = [i for i in region if any(i in succ[p] for p in succ if p not in inside)]
+        for inner in _sccs([i for i in region if i not in headers], succ):
+            self.visit(inner, succ)
+
+    def try_fork(self, region: list[int]) -> str | None:
+        """Split the loop `region` into launch, await and collect; None if
+        done, else why not."""
+        blocks, inside = self.blocks, set(region)
+        fn = self.fn.name
+        entries = {(p, i) for p, b in enumerate(blocks) if p not in inside
+                   for i in successors(b.term) if i in inside}
+        headers = sorted({i for _, i in entries})
+        where = f"{fn}: the loop at {blocks[headers[0]].loc if headers and blocks[headers[0]].loc else '?'}"
+        if len(headers) != 1 or headers[0] == 0:
+            return f"{where} has no single entry block: its calls run one after another"
+        header = headers[0]
+        for p, _ in entries:
+            if not isinstance(blocks[p].term, (Jump, Branch)):
+                return f"{where} is entered from a {type(blocks[p].term).__name__}: its calls run one after another"
+        ops = [op for i in region for op in blocks[i].ops]
+        calls = [op for op in ops if isinstance(op, Call)]
+        tainted = {c.out for c in calls}
+        changed = True
+        while changed:
+            changed = False
+            for op in ops:
+                if isinstance(op, Prim) and set(op.ins) & tainted and not set(op.outs) <= tainted:
+                    tainted |= set(op.outs)
+                    changed = True
+        launched = [c for c in calls if not set(c.args) & tainted]
+        if not launched:
+            c = calls[0]
+            return (f"{where}: the call to {c.callee}{_line(c.loc)} reads "
+                    f"{', '.join(sorted(set(c.args) & tainted))}, which depends on a call's result: "
+                    "its calls run one after another")
+        for i in region:
+            t = blocks[i].term
+            if isinstance(t, Branch) and t.cond in tainted:
+                return (f"{where}: the branch{_line(t.loc)} depends on a call's result (through `{t.cond}`), "
+                        "so the calls it makes are not known in advance: they run one after another")
+            if not isinstance(t, (Jump, Branch, Return)):
+                return f"{where} ends a block in {type(t).__name__}: its calls run one after another"
+        # What the launch loop needs: its branches, the launched calls' arguments, and what they are made of.
+        need = {blocks[i].term.cond for i in region if isinstance(blocks[i].term, Branch)}
+        need |= {a for c in launched for a in c.args}
+        changed = True
+        while changed:
+            changed = False
+            for op in ops:
+                if isinstance(op, Prim) and set(op.outs) & need and not set(op.ins) <= need:
+                    need |= set(op.ins)
+                    changed = True
+        if need & tainted:  # cannot happen (taint flows where need is traced back), but never assume
+            return f"{where}: its control depends on a call's result: its calls run one after another"
+        kept = {i: [op for op in blocks[i].ops
+                    if (isinstance(op, Prim) and set(op.outs) & need) or any(op is c for c in launched)]
+                for i in region}
+        renamed = {v for i in region for op in kept[i] if isinstance(op, Prim) for v in op.outs}
+        new = {v: v + _LAUNCH for v in renamed}
+
+        def rn(v: str) -> str:
+            return new.get(v, v)
+
+        base = len(blocks)
+        copy_of = {i: base + k for k, i in enumerate(region)}
+        wait = base + len(region)
+        for i in region:
+            b = blocks[i]
+            launch_ops: list[Op] = []
+            for op in kept[i]:
+                if isinstance(op, Prim):
+                    launch_ops.append(replace(op, ins=tuple(map(rn, op.ins)), outs=tuple(map(rn, op.outs)),
+                                              text=retext(op.text, new) if op.text else op.text))
+                else:
+                    launch_ops.append(Launch(replace(op, args=tuple(map(rn, op.args)))))
+            t = b.term
+            if isinstance(t, Jump):
+                t = Jump(copy_of.get(t.target, wait))
+            elif isinstance(t, Branch):
+                t = replace(t, cond=rn(t.cond), true=copy_of.get(t.true, wait), false=copy_of.get(t.false, wait))
+            else:  # Return: the collect loop returns at the same point
+                t = Jump(wait)
+            blocks.append(Block(f"{b.label}.launch", tuple(launch_ops), t, b.loc))
+        blocks.append(Block(f"{blocks[header].label}.await", (), Await(header), blocks[header].loc))
+        # Enter the launch loop with its variables' values on entry to the loop.
+        copies = sorted(v for v in renamed if v in self.live[header])
+        start = copy_of[header]
+        if copies:
+            blocks.append(Block(f"{blocks[header].label}.launch_init",
+                                (Prim(tuple(map(rn, copies)), tuple(copies), lambda *xs: xs, ""),),
+                                Jump(start), blocks[header].loc))
+            start = len(blocks) - 1
+        for p in sorted({p for p, _ in entries}):
+            t = blocks[p].term
+            if isinstance(t, Jump):
+                t = Jump(start)
+            elif isinstance(t, Branch):
+                t = replace(t, true=start if t.true == header else t.true,
+                            false=start if t.false == header else t.false)
+            blocks[p] = replace(blocks[p], term=t)
+        # The loop itself collects what was launched (or, without a lane, calls).
+        for i in region:
+            self.collect(i, launched)
+        names = sorted({c.callee for c in launched})
+        lines = ", ".join(sorted({_line(c.loc).strip(" ()") for c in launched if c.loc is not None}))  # "line N"
+        self.notes.append(f"{where}: its calls to {', '.join(names)}{f' ({lines})' if lines else ''} "
+                          "run at once, each in a lane of its own (a loop fork)")
+        return None
+
+    def collect(self, i: int, launched: list[Call]) -> None:
+        """Block i of the loop with each launched call made a Collect, or the
+        call itself where the child list is empty."""
+        b = self.blocks[i]
+        ops = list(b.ops)
+        at = next((k for k, op in enumerate(ops) if any(op is c for c in launched)), None)
+        if at is None:
+            return
+        call = ops[at]
+        flag = f"{call.out}%collected"
+        rest = len(self.blocks)
+        by_call = rest + 1
+        self.blocks[i] = Block(b.label, tuple(ops[:at]) + (Collect(call.out, call.callee, flag),),
+                               Branch(flag, rest, by_call, call.loc), b.loc)
+        self.blocks.append(Block(f"{b.label}.collected", tuple(ops[at + 1:]), b.term, call.loc))
+        self.blocks.append(Block(f"{b.label}.call", (call,), Jump(rest), call.loc))
+        self.collect(rest, launched)
+
+
+def form_loop_forks(fn: Function) -> tuple[Function, list[str]]:
+    """`fn` with every loop whose calls can be made at once split into launch,
+    await and collect (module docstring), and a note per loop with calls
+    saying what was done or why not."""
+    return _Loops(fn).run()

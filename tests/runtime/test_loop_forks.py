@@ -1,0 +1,184 @@
+"""Loop forks: a loop's independent calls launched at once, each in a lane of its own.
+
+Differential: every program's autobatched result equals the Python run per
+example, with pools large and small (a lane that finds none free calls in its
+own lane), eagerly and under jit."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pcbatch
+from pcbatch.ir.core import Await, Collect, Launch
+
+
+def random_forest(seed: int, count: int, max_nodes: int, max_children: int):
+    """`count` random trees of any arity in one node table: children lists,
+    first-child / next-sibling links, and the roots."""
+    rng = np.random.default_rng(seed)
+    children = np.full((count * max_nodes, max_children), -1, np.int32)
+    first = np.full(count * max_nodes, -1, np.int32)
+    nxt = np.full(count * max_nodes, -1, np.int32)
+    roots = []
+    for t in range(count):
+        base, n = t * max_nodes, int(rng.integers(1, max_nodes + 1))
+        roots.append(base)
+        for node in range(1, n):  # a random parent earlier in the tree, with room for a child
+            while True:
+                parent = int(rng.integers(0, node))
+                k = int(np.sum(children[base + parent] >= 0))
+                if k < max_children:
+                    break
+            children[base + parent, k] = base + node
+            if k == 0:
+                first[base + parent] = base + node
+            else:
+                nxt[children[base + parent, k - 1]] = base + node
+    return jnp.asarray(children), jnp.asarray(first), jnp.asarray(nxt), jnp.asarray(roots, jnp.int32)
+
+
+@pcbatch.autobatch(in_axes=(None, None, None, 0), fork=True, max_stack_depth=64)
+def sibling_walk(w, first, nxt, node):
+    """A child-sum cell over first-child / next-sibling links (order matters: not a plain sum)."""
+    acc = jnp.tanh(w * node.astype(jnp.float32))
+    k = first[node]
+    while k >= 0:
+        h = sibling_walk(w, first, nxt, k)
+        acc = jnp.tanh(0.5 * acc + w * h)
+        k = nxt[k]
+    return acc
+
+
+@pcbatch.autobatch(in_axes=(None, 0), fork=True, max_stack_depth=64)
+def range_walk(children, node):
+    """A `for` over the node's children by index, with a data-dependent trip count."""
+    total = node.astype(jnp.float32) * 1e-3
+    for j in range(jnp.sum(children[node] >= 0)):
+        total = total * 0.9 + range_walk(children, children[node, j])
+    return total
+
+
+@pcbatch.autobatch(in_axes=(None, 0), fork=True, max_stack_depth=64)
+def guarded_walk(children, node):
+    """The call under an `if` inside the loop, a second call per child, and a `break`."""
+    out = jnp.float32(1.0)
+    for j in range(children.shape[1]):
+        c = children[node, j]
+        if c < 0:
+            break
+        if c % 2 == 0:
+            out = out + 2.0 * guarded_walk(children, c)
+        out = out * 0.5 + depth(children, c)
+    return out
+
+
+@pcbatch.autobatch(in_axes=(None, 0), fork=True, max_stack_depth=64)
+def depth(children, node):
+    d = jnp.float32(0.0)
+    j = 0
+    while children[node, j] >= 0:
+        d = jnp.maximum(d, 1.0 + depth(children, children[node, j]))
+        j = j + 1
+        if j >= children.shape[1]:
+            return d
+    return d
+
+
+@pcbatch.autobatch(in_axes=(None, 0), fork=True, max_stack_depth=64)
+def dependent_walk(children, node):
+    """The loop's branch reads a call's result: no loop fork, and a note says why."""
+    best = jnp.float32(0.0)
+    j = 0
+    while j < children.shape[1]:
+        c = children[node, j]
+        if c < 0:
+            return best
+        h = dependent_walk(children, c)
+        if h > 3.0:
+            return h
+        best = best + h + 1.0
+        j = j + 1
+    return best
+
+
+def launches(f, *args) -> bool:
+    prog = f.lowered(*args)
+    return any(isinstance(op, Launch) for b in prog.blocks for op in b.ops)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sibling_links_fork_and_equal_python(seed):
+    _, first, nxt, roots = random_forest(seed, 24, 20, 5)
+    w = jnp.float32(0.7)
+    expected = sibling_walk.reference(w, first, nxt, roots)
+    assert launches(sibling_walk, w, first, nxt, roots)
+    out, status = sibling_walk.checked(w, first, nxt, roots)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    assert int(status.peak_lanes) > len(roots)  # the nodes of a tree ran in lanes of their own
+    # Pools too small for every child: lanes that find none call in their own lane.
+    for lanes in (len(roots), len(roots) + 3, len(roots) + 40):
+        np.testing.assert_allclose(sibling_walk.with_options(max_lanes=lanes)(w, first, nxt, roots), expected,
+                                   rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(sibling_walk)(w, first, nxt, roots), expected, rtol=1e-6)
+
+
+def test_range_loop_forks_and_takes_fewer_steps():
+    children, _, _, roots = random_forest(2, 16, 24, 6)
+    expected = range_walk.reference(children, roots)
+    assert launches(range_walk, children, roots)
+    out, status = range_walk.checked(children, roots)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    _, one_lane = range_walk.with_options(fork=False).checked(children, roots)
+    assert int(status.steps) < int(one_lane.steps)
+
+
+def test_calls_under_an_if_and_two_callees_per_iteration():
+    children, _, _, roots = random_forest(3, 12, 16, 4)
+    expected = guarded_walk.reference(children, roots)
+    assert launches(guarded_walk, children, roots)
+    for lanes in (None, len(roots) + 5):
+        np.testing.assert_allclose(guarded_walk.with_options(max_lanes=lanes)(children, roots), expected, rtol=1e-6)
+
+
+def test_a_branch_on_a_call_result_keeps_the_calls_and_says_why():
+    children, _, _, roots = random_forest(4, 12, 16, 4)
+    prog = dependent_walk.lowered(children, roots)
+    assert not any(isinstance(op, Launch) for b in prog.blocks for op in b.ops)
+    assert any("depends on a call's result" in n for n in prog.notes)
+    assert "note:" in str(prog)
+    np.testing.assert_allclose(dependent_walk(children, roots), dependent_walk.reference(children, roots),
+                               rtol=1e-6)
+
+
+def test_launch_await_collect_shape_of_the_ir():
+    ir = sibling_walk.ir()
+    ops = [op for f in ir.functions for b in f.blocks for op in b.ops]
+    terms = [b.term for f in ir.functions for b in f.blocks]
+    assert sum(isinstance(op, Launch) for op in ops) == 1
+    assert sum(isinstance(op, Collect) for op in ops) == 1
+    assert sum(isinstance(t, Await) for t in terms) == 1
+    assert any("loop fork" in n for n in ir.notes)
+    # fork=False: the loop as written.
+    plain = sibling_walk.with_options(fork=False).ir()
+    assert not any(isinstance(op, (Launch, Collect)) for f in plain.functions for b in f.blocks for op in b.ops)
+
+
+def test_x64_loop_fork():
+    with jax.enable_x64(True):
+        children, _, _, roots = random_forest(5, 8, 12, 3)
+        children, roots = jnp.asarray(children, jnp.int64), jnp.asarray(roots, jnp.int64)
+        f = range_walk.with_options()  # a fresh cache: x64 changes every type
+        expected = f.reference(children, roots)
+        np.testing.assert_allclose(f(children, roots), expected, rtol=1e-6)
+        np.testing.assert_allclose(f.with_options(max_lanes=len(roots) + 2)(children, roots), expected, rtol=1e-6)
+
+
+def test_gradient_through_a_loop_fork_equals_python():
+    _, first, nxt, roots = random_forest(6, 6, 10, 3)
+
+    def loss(w, f):
+        return jnp.sum(f(w, first, nxt, roots))
+
+    got = jax.grad(loss)(jnp.float32(0.7), sibling_walk)
+    expected = jax.grad(loss)(jnp.float32(0.7), sibling_walk.reference)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
