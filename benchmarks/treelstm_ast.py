@@ -1,4 +1,5 @@
-"""Child-Sum Tree-LSTM inference on real trees (stdlib function ASTs): pcbatch against DyNet.
+"""Child-Sum Tree-LSTM inference on real trees (stdlib function ASTs): pcbatch against a
+depth-batched JAX peer and DyNet.
 
     python -m benchmarks.treelstm --workload ast                  # batch 64, 256 x hidden 64, 128
     python -m benchmarks.treelstm --workload ast --batches 64 --hiddens 64 --repeats 3
@@ -9,9 +10,14 @@ batch b = the first b trees. Output per tree: the root's (h, c). After a warm-up
 (compilation, graph caches) each method is timed on the whole batch, median of
 `--repeats`:
 
-* **pcbatch**: `models.child_sum_loop.child_sum_tree_lstm_loop` (written for ONE tree: a
-  loop over a node's children that recurses into each; `fork=False`, since pcbatch does
-  not yet fork calls inside a loop with a data-dependent trip count), one compiled call;
+* **pcbatch**: `models.child_sum.child_sum_tree_lstm` (written for ONE tree: a loop over a
+  node's children that recurses into each), one compiled call, under the default options
+  (`fork="auto"`: the loop's calls fork, a loop fork, where the batch and pool pay) and
+  with `fork=False` (one lane per tree); steps and peak lanes printed;
+* **depth-batched JAX** (`benchmarks/childsum_depth.py`): levels by height on the host
+  (NumPy), one batched cell step per level on the device (one jit per level profile);
+  timed with its host levelization (what a user runs per batch) and without (device
+  only; the levels already on the device);
 * **DyNet** (`pip install dynet38`, or the `bench-dynet` extra; skipped with a message if
   it does not import): the same cell and the SAME weights, one computation graph per batch
   (renew_cg, one expression per node of every tree, bottom-up), run with DyNet's
@@ -39,6 +45,7 @@ import time
 import jax
 import numpy as np
 
+from benchmarks import childsum_depth
 from benchmarks.common import block, fmt_rate, fmt_time, print_table
 from pcbatch import data
 from pcbatch.models import child_sum_loop
@@ -98,6 +105,20 @@ class DynetChildSum:
         return out[:, :self.hidden], out[:, self.hidden:]
 
 
+def interleaved(fns: dict, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each function, the functions timed in turn (a noisy machine
+    slows them alike); one warm-up call each first."""
+    for fn in fns.values():
+        block(fn())
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            block(fn())
+            samples[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def median_time(fn, repeats: int) -> float:
     block(fn())                               # warm-up: excluded
     samples = []
@@ -133,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
           f"benchmark trees: {sizes.min()}-{sizes.max()} nodes (median {int(np.median(sizes))}), max arity {arity}; "
           f"median of {a.repeats}, warm-up excluded\n")
     model = child_sum_loop.child_sum_tree_lstm_loop.with_options(max_stack_depth=a.max_nodes)
+    one_lane = model.with_options(fork=False)
     rows, failed = [], False
     for hidden in hiddens:
         params = child_sum_loop.init_params(jax.random.PRNGKey(hidden), len(data.AST_VOCAB), hidden)
@@ -140,31 +162,51 @@ def main(argv: list[str] | None = None) -> int:
         for b in batches:
             host = data.batch(trees_all[:b])
             trees = jax.device_put(host)
+            t0 = time.perf_counter()
             (h, c), status = block(model.checked(params, trees, trees.root))
+            first_s = time.perf_counter() - t0
             assert not np.asarray(status.overflow).any() and not np.asarray(status.unfinished).any()
             k = min(4, b)
             small = data.Tree(*(np.asarray(x)[:k] for x in host))
             ref_h, _ = model.reference(params, small, small.root)
             np.testing.assert_allclose(np.asarray(h[:k]), np.asarray(ref_h), rtol=1e-4, atol=1e-5)
-            pc_s = median_time(lambda: model(params, trees, trees.root), a.repeats)
-            dy_s, agree = float("nan"), ""
+            t0 = time.perf_counter()
+            _, one_status = block(one_lane.checked(params, trees, trees.root))
+            one_compile = time.perf_counter() - t0
+            lv = jax.device_put(childsum_depth.levels(host))
+            n_rows = b * host.word.shape[1]
+            dh, dc = block(childsum_depth.depth_batched(params, host))
+            ok = np.allclose(dh, np.asarray(h), rtol=1e-4, atol=1e-5) and np.allclose(dc, np.asarray(c), rtol=1e-4,
+                                                                                      atol=1e-5)
+            failed |= not ok
+            times = interleaved({"pcbatch": lambda: model(params, trees, trees.root),
+                                 "fork=False": lambda: one_lane(params, trees, trees.root),
+                                 "depth": lambda: childsum_depth.depth_batched(params, host),
+                                 "depth device": lambda: childsum_depth.run(params, lv, n_rows)}, a.repeats)
+            pc_s = times["pcbatch"]
+            dy_s, agree = float("nan"), "yes" if ok else "NO (depth-batched peer)"
             if peer is not None:
-                dh, dc = peer(host)
-                ok = np.allclose(dh, np.asarray(h), rtol=1e-3, atol=1e-4) and np.allclose(dc, np.asarray(c), rtol=1e-3,
+                yh, yc = peer(host)
+                ok = np.allclose(yh, np.asarray(h), rtol=1e-3, atol=1e-4) and np.allclose(yc, np.asarray(c), rtol=1e-3,
                                                                                           atol=1e-4)
-                agree = "yes" if ok else f"NO (max |dh| {np.abs(dh - np.asarray(h)).max():.2e})"
+                agree += "" if ok else f"; NO vs DyNet (max |dh| {np.abs(yh - np.asarray(h)).max():.2e})"
                 failed |= not ok
                 dy_s = median_time(lambda: peer(host), a.repeats)
-            rows.append([str(hidden), str(b), str(int(np.asarray(status.steps))), fmt_rate(b / pc_s), fmt_time(pc_s),
-                         fmt_rate(b / dy_s) if dy_s == dy_s else "skipped", fmt_time(dy_s),
-                         f"{dy_s / pc_s:.2f}x" if dy_s == dy_s else "n/a", agree])
+            rows.append([str(hidden), str(b), f"{int(np.asarray(status.steps))} / {int(np.asarray(one_status.steps))}",
+                         str(int(np.asarray(status.peak_lanes))), f"{first_s:.1f} / {one_compile:.1f}",
+                         fmt_time(pc_s), fmt_time(times["fork=False"]), fmt_time(times["depth"]),
+                         fmt_time(times["depth device"]), f"{times['depth'] / pc_s:.2f}x",
+                         f"{times['depth device'] / pc_s:.2f}x",
+                         f"{dy_s / pc_s:.2f}x" if dy_s == dy_s else "skipped", agree])
             print(f"  measured H {hidden} batch {b}", file=sys.stderr)
-    print("Throughput (trees/s; one call for the whole batch)")
-    print_table(["H", "batch", "pcbatch steps", "pcbatch", "(wall)", "DyNet autobatch", "(wall)", "pcbatch/DyNet",
+    print("Wall time per batch (one call for the whole batch; median, interleaved)")
+    print_table(["H", "batch", "steps (auto / one lane)", "peak lanes", "first call s (auto / one lane)", "pcbatch",
+                 "fork=False", "depth+host", "depth device", "vs depth+host", "vs depth device", "vs DyNet",
                  "same h, c"], rows)
-    print(f"  pcbatch = child_sum_tree_lstm_loop (fork=False), one compiled call; DyNet = renew_cg + graph\n"
-          f"  construction + forward with autobatch=1, same weights; pcbatch/DyNet = throughput ratio (> 1: pcbatch faster)\n"
-          f"  {PUBLISHED}")
+    print(f"  pcbatch = models.child_sum (a loop over the children), default options (fork='auto'); fork=False: one\n"
+          f"  lane per tree; depth = benchmarks/childsum_depth.py with its host levelization (depth+host) or the\n"
+          f"  levels already on the device; 'vs X' = X's time / pcbatch's (> 1: pcbatch faster); DyNet = renew_cg +\n"
+          f"  graph construction + forward with autobatch=1, same weights. {PUBLISHED}")
     print(f"load average at end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     return 1 if failed else 0
 

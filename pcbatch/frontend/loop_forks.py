@@ -33,12 +33,24 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import jax
+import jax.numpy as jnp
+
 from pcbatch.frontend.forks import retext
 from pcbatch.ir.cfg import simplify
 from pcbatch.ir.core import (Await, Block, Branch, Call, Collect, Function, Jump, Launch, Op, Prim, Return, op_reads,
                              op_writes, successors, term_reads)
 
 _LAUNCH = "%launch"  # suffix of the launch loop's copies of the loop's variables
+_TEST_OPS = 4  # a loop test this small is copied into the blocks that jump to it
+
+
+def _keep_where(flag, new, old):
+    return (jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old),)
+
+
+def _both(flag, cond):
+    return (jnp.logical_and(flag, jnp.asarray(cond) != 0),)
 
 
 def _sccs(nodes: list[int], succ: dict[int, list[int]]) -> list[list[int]]:
@@ -118,6 +130,7 @@ class _Loops:
         self.blocks = list(fn.blocks)
         self.notes: list[str] = []
         self.live = _live_in(self.blocks)
+        self.made = 0  # fresh names made
 
     def succ(self) -> dict[int, list[int]]:
         return {i: list(successors(b.term)) for i, b in enumerate(self.blocks)}
@@ -224,13 +237,15 @@ class _Loops:
                 t = Jump(wait)
             blocks.append(Block(f"{b.label}.launch", tuple(launch_ops), t, b.loc))
         blocks.append(Block(f"{blocks[header].label}.await", (), Await(header), blocks[header].loc))
+        for i in region:  # the launch loop's back edges test the condition in the same step
+            blocks[copy_of[i]] = self.rotated(blocks[copy_of[i]])
         # Enter the launch loop with its variables' values on entry to the loop.
         copies = sorted(v for v in renamed if v in self.live[header])
         start = copy_of[header]
         if copies:
-            blocks.append(Block(f"{blocks[header].label}.launch_init",
-                                (Prim(tuple(map(rn, copies)), tuple(copies), lambda *xs: xs, ""),),
-                                Jump(start), blocks[header].loc))
+            blocks.append(self.rotated(Block(f"{blocks[header].label}.launch_init",
+                                             (Prim(tuple(map(rn, copies)), tuple(copies), lambda *xs: xs, ""),),
+                                             Jump(start), blocks[header].loc)))
             start = len(blocks) - 1
         for p in sorted({p for p, _ in entries}):
             t = blocks[p].term
@@ -249,23 +264,82 @@ class _Loops:
                           "run at once, each in a lane of its own (a loop fork)")
         return None
 
+    def rotated(self, block: Block) -> Block:
+        """`block`, where it jumps to a loop test (a few Prims and a Branch),
+        with a copy of the test: one machine step per trip instead of two."""
+        t = block.term
+        if not isinstance(t, Jump):
+            return block
+        test = self.blocks[t.target]
+        if (not isinstance(test.term, Branch) or len(test.ops) > _TEST_OPS
+                or not all(isinstance(op, Prim) for op in test.ops)):
+            return block
+        return replace(block, ops=block.ops + test.ops, term=test.term)
+
+    def fresh(self, v: str) -> str:
+        self.made += 1
+        return f"{v}%{self.made}"
+
     def collect(self, i: int, launched: list[Call]) -> None:
-        """Block i of the loop with each launched call made a Collect, or the
-        call itself where the child list is empty."""
+        """Block i of the loop with each launched call made a Collect and the
+        rest of the block run in the same step where there was a child (`_fast`),
+        or after the call itself in the lane where the child list is empty."""
         b = self.blocks[i]
-        ops = list(b.ops)
-        at = next((k for k, op in enumerate(ops) if any(op is c for c in launched)), None)
+        at = next((k for k, op in enumerate(b.ops) if any(op is c for c in launched)), None)
         if at is None:
             return
-        call = ops[at]
+        call = b.ops[at]
         flag = f"{call.out}%collected"
         rest = len(self.blocks)
         by_call = rest + 1
-        self.blocks[i] = Block(b.label, tuple(ops[:at]) + (Collect(call.out, call.callee, flag),),
-                               Branch(flag, rest, by_call, call.loc), b.loc)
-        self.blocks.append(Block(f"{b.label}.collected", tuple(ops[at + 1:]), b.term, call.loc))
+        self.blocks.append(Block(f"{b.label}.collected", b.ops[at + 1:], b.term, call.loc))
         self.blocks.append(Block(f"{b.label}.call", (call,), Jump(rest), call.loc))
+        head = b.ops[:at] + (Collect(call.out, call.callee, flag),)
+        fast = self.fast(b.ops[at + 1:], b.term, flag, by_call, call.loc, launched)
+        if fast is None:
+            self.blocks[i] = Block(b.label, head, Branch(flag, rest, by_call, call.loc), b.loc)
+        else:
+            self.blocks[i] = Block(b.label, head + fast[0], fast[1], b.loc)
         self.collect(rest, launched)
+
+    def fast(self, rest: tuple[Op, ...], term, flag: str, by_call: int, loc,
+             launched: list[Call]) -> tuple[tuple[Op, ...], Branch] | None:
+        """The block's rest after a Collect, and the loop test it jumps to, on
+        renamed variables, each write that outlives the step kept only where
+        `flag` (the other lanes call, then run the rest as written): the ops
+        and the branch that end the Collect's own block, or None where the
+        rest ends otherwise or makes calls."""
+        if isinstance(term, Jump):
+            rotated = self.rotated(Block("", rest, term))
+            rest, term = rotated.ops, rotated.term
+        if not all(isinstance(op, Prim) for op in rest) or not isinstance(term, (Jump, Branch)):
+            return None
+        if any(t >= len(self.live) for t in successors(term)):
+            return None
+        name: dict[str, str] = {}
+        exposed: set[str] = set()
+        ops: list[Op] = []
+        for op in rest:
+            exposed.update(v for v in op.ins if v not in name)
+            reads = {v: name[v] for v in op.ins if v in name}
+            outs = tuple(self.fresh(v) for v in op.outs)
+            ops.append(replace(op, ins=tuple(name.get(v, v) for v in op.ins), outs=outs,
+                               text=retext(op.text, reads) if reads and op.text else op.text))
+            name.update(zip(op.outs, outs))
+        after = set().union(*(self.live[t] for t in successors(term)))
+        if isinstance(term, Branch):
+            exposed.discard(term.cond) if term.cond in name else exposed.add(term.cond)
+        for v in sorted(v for v in name if v in after or v in exposed):
+            ops.append(Prim((v,), (flag, name[v], v), _keep_where, f"{name[v]} if {flag} else {v}", loc))
+        if isinstance(term, Jump):
+            return tuple(ops), Branch(flag, term.target, by_call, loc)
+        # Where the test fails, a lane with a child leaves the loop; one without calls.
+        go = self.fresh(term.cond)
+        cond = name.get(term.cond, term.cond)
+        ops.append(Prim((go,), (flag, cond), _both, f"{flag} and {cond}", loc))
+        leave = len(self.blocks)
+        self.blocks.append(Block("collected.exit", (), Branch(flag, term.false, by_call, loc), loc))
+        return tuple(ops), Branch(go, term.true, leave, loc)
 
 
 def form_loop_forks(fn: Function) -> tuple[Function, list[str]]:

@@ -103,9 +103,9 @@ def verify_stack_program(prog: StackProgram) -> None:
             for c in b.term.calls:
                 _check(0 <= c.target < prog.num_blocks, f"b{i} spawns missing block b{c.target}")
         collects = [k for k, op in enumerate(b.ops) if isinstance(op, Collect)]
-        # The machine moves the lane's child list once per step: one Collect, last, before a branch on its flag.
-        _check(not collects or (collects == [len(b.ops) - 1] and isinstance(b.term, Branch)
-                                and b.term.cond == b.ops[-1].flag), f"b{i}: a Collect must end its block")
+        # The machine moves the lane's child list once per step: one Collect, no Launch beside it.
+        _check(len(collects) <= 1 and not (collects and any(isinstance(op, Launch) for op in b.ops)),
+               f"b{i}: a block may collect once, and not launch too")
         for op in b.ops:
             if isinstance(op, Launch):
                 _check(0 <= op.call.target < prog.num_blocks, f"b{i} launches missing block b{op.call.target}")

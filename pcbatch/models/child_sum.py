@@ -11,6 +11,11 @@ returns the node's `(h, c)`; call it on a batch with the roots::
 
 The input x_j is the word embedding E[word_j] at a leaf and 0 at an internal
 node (the constituency-tree setting of Tai et al.).
+
+The code loops over the node's children and recurses into each, as one would
+write it for one tree: the loop's calls do not depend on each other, so with
+fork-join pcbatch launches them at once, each child in a lane of its own (a
+loop fork; `child_sum_tree_lstm.ir()` notes it), whatever the arity.
 """
 from __future__ import annotations
 
@@ -54,12 +59,10 @@ def child_sum_tree_lstm(params, tree, node):
     wf_x = params["W_f"] @ x + params["b_f"]
     h_sum = jnp.zeros(params["U_f"].shape[0])
     fc_sum = jnp.zeros(params["U_f"].shape[0])
-    for k in range(tree.children.shape[1]):
-        child = tree.children[node, k]
-        if child >= 0:
-            h_k, c_k = child_sum_tree_lstm(params, tree, child)
-            h_sum = h_sum + h_k
-            fc_sum = fc_sum + jax.nn.sigmoid(wf_x + params["U_f"] @ h_k) * c_k
+    for k in range(jnp.sum(tree.children[node] >= 0)):   # the children are packed left
+        h_k, c_k = child_sum_tree_lstm(params, tree, tree.children[node, k])
+        h_sum = h_sum + h_k
+        fc_sum = fc_sum + jax.nn.sigmoid(wf_x + params["U_f"] @ h_k) * c_k
     i, o, u = jnp.split(params["W_iou"] @ x + params["U_iou"] @ h_sum + params["b_iou"], 3)
     c = jax.nn.sigmoid(i) * jnp.tanh(u) + fc_sum
     h = jax.nn.sigmoid(o) * jnp.tanh(c)

@@ -291,7 +291,7 @@ class PoolMachine:
 
             link = (jnp.full((W,), M, idx), jnp.full((W,), M, idx))  # (lane, its new next sibling)
             launch_params: dict[str, tuple[jax.Array, Any]] = {}
-            if block.ops and isinstance(block.ops[-1], Collect):
+            if any(isinstance(op, Collect) for op in block.ops):
                 head = get("kid_head")
                 took = valid & (head < M)
                 after = view["lane"].at[head, col["sibling"]].get(mode="fill", fill_value=M)

@@ -1,4 +1,4 @@
-"""`models.child_sum_loop`: the natural-loop Child-Sum Tree-LSTM on real variable-arity trees
+"""`models.child_sum_loop` (= `models.child_sum`): the natural-loop Child-Sum Tree-LSTM on real variable-arity trees
 (stdlib function ASTs), autobatched == the same Python run one tree at a time, and ==
 an independent NumPy bottom-up Child-Sum Tree-LSTM."""
 from __future__ import annotations
@@ -64,13 +64,13 @@ def test_autobatched_equals_per_tree_python(setup, fork):
         np.testing.assert_allclose(np.asarray(c[b]), want_c, rtol=1e-4, atol=1e-5)
 
 
-def test_same_as_unrolled_child_sum(setup):
-    """The AST arrays are the `data.Tree` format `models.child_sum` (a loop unrolled over every
-    column of `children`) takes too: same parameters, same (h, c)."""
-    from pcbatch.models import child_sum
-
+def test_loop_forks(setup):
+    """The loop's calls run in lanes of their own: more lanes than trees, fewer steps than
+    one lane per tree, and the IR says why."""
     params, trees = setup
-    h, c = child_sum_loop.child_sum_tree_lstm_loop(params, trees, trees.root)
-    uh, uc = child_sum.child_sum_tree_lstm.with_options(fork=False)(params, trees, trees.root)
-    np.testing.assert_allclose(np.asarray(h), np.asarray(uh), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(c), np.asarray(uc), rtol=1e-5, atol=1e-6)
+    fn = child_sum_loop.child_sum_tree_lstm_loop.with_options(fork=True)
+    assert any("loop fork" in n for n in fn.ir().notes)
+    _, status = fn.checked(params, trees, trees.root)
+    _, one_lane = fn.with_options(fork=False).checked(params, trees, trees.root)
+    assert int(status.peak_lanes) > len(trees.root)
+    assert int(status.steps) < int(one_lane.steps)
