@@ -88,6 +88,15 @@ def choose_fork(prog: StackProgram, batch: int, lanes: int, pool_bytes: int, tra
         return ForkChoice(False, f"the batch is small ({batch} < fork_min_batch={tuning.fork_min_batch}): too "
                                  f"little to share between a step's lanes")
     in_pool = lanes // batch
+    if prog.has_launches and in_pool >= tuning.fork_measure_min_pool_lanes:
+        # A loop fork's steps are fewer but each costs what a pool step costs: measured
+        # 0.5x (Child-Sum Tree-LSTM, H 64, batch 64) to faster, by tree shape and width.
+        if not traced and measurable:
+            return ForkChoice(False, f"a loop fork (calls launched from a loop) pays or not by the data's shape: "
+                                     f"the first call times both machines ({in_pool} lanes per example)",
+                              measure=True)
+        return ForkChoice(False, "a loop fork (calls launched from a loop) pays or not by the data's shape, and a "
+                                 "traced call cannot time both machines: one lane per example (fork=True forks)")
     if in_pool < tuning.fork_min_pool_lanes:
         if not traced and measurable and in_pool >= tuning.fork_measure_min_pool_lanes:
             return ForkChoice(False, f"the lane pool holds {in_pool} lanes per example, between "

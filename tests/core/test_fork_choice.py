@@ -50,6 +50,15 @@ def tree_size(tree, node):
     return 1 + tree_size(tree, left) + tree_size(tree, child)
 
 
+@pcbatch.autobatch(in_axes=(0, 0))
+def any_arity_size(tree, node):
+    """A loop over the node's children (a loop fork)."""
+    total = 1
+    for k in range(jnp.sum(tree.children[node] >= 0)):
+        total = total + any_arity_size(tree, tree.children[node, k])
+    return total
+
+
 def weights():
     return jnp.asarray(np.random.default_rng(0).normal(size=(H, H)) / H, jnp.float32)
 
@@ -162,6 +171,22 @@ def test_rule_thresholds():
     assert choose_fork(prog, 8, **{**args, "traced": True, "pool_bytes": tuning.fork_max_traced_pool_bytes}).fork
     assert not choose_fork(prog, 8, **{**args, "traced": True,
                                        "pool_bytes": tuning.fork_max_traced_pool_bytes + 1}).fork
+
+
+def test_a_loop_fork_is_measured_eagerly_and_not_forked_traced():
+    """Whether a loop fork pays depends on the data: the rule measures (eager) or keeps one lane (traced)."""
+    t, roots = trees(16)
+    prog = any_arity_size.with_options(fork=True).executable(t, roots)[0].prog
+    assert prog.has_launches and walks_data(prog)
+    args = dict(lanes=16 * 128, pool_bytes=1 << 20, tuning=pcbatch.Tuning())
+    assert choose_fork(prog, 16, traced=False, **args).measure
+    assert not choose_fork(prog, 16, traced=True, **args).fork
+    want = any_arity_size.reference(t, roots)
+    f = any_arity_size.with_options()
+    np.testing.assert_array_equal(f(t, roots), want)
+    choice = f.executable(t, roots)[0].fork_choice
+    assert "measured on the first call" in choice.reason, choice
+    np.testing.assert_array_equal(jax.jit(f)(t, roots), want)
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, None, "Auto"])
