@@ -182,3 +182,16 @@ def test_gradient_through_a_loop_fork_equals_python():
     got = jax.grad(loss)(jnp.float32(0.7), sibling_walk)
     expected = jax.grad(loss)(jnp.float32(0.7), sibling_walk.reference)
     np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_schedules_and_a_learned_policy_run_loop_forks():
+    """The reference trace the FSM learns from follows launches; every schedule gives the same results."""
+    import pcbatch.fsm as fsm
+
+    children, _, _, roots = random_forest(7, 8, 12, 4)
+    expected = range_walk.reference(children, roots)
+    graph = fsm.record(range_walk, children, roots)
+    assert graph.num_nodes > 0
+    policy = fsm.learn(range_walk, children, roots, trials=20)
+    for schedule in ("depth", "agenda", policy):
+        np.testing.assert_allclose(range_walk.with_schedule(schedule)(children, roots), expected, rtol=1e-6)
