@@ -17,7 +17,8 @@ The entry call itself binds like Python: some arguments by keyword, in any
 order, defaults skipped (a later keyword after an omitted default); batches
 of 0 and 1 examples; and sometimes tight `max_steps`/`max_stack_depth` limits,
 under which every example the machine does not flag must still be exact; each
-case runs with `fork=True` (1 or 2 compiled lane widths) or the default
+case runs with `fork=True` (1 or 2 compiled lane widths, the default pool or
+one with 0-3 spare lanes) or the default
 `fork="auto"` (one lane per example for these scalar programs).
 
 Every generated program is well-defined Python that terminates quickly:
@@ -74,6 +75,7 @@ class FuzzCase:
     limits: dict[str, int] | None = None  # max_steps / max_stack_depth, tight enough to stop some examples
     fork: bool | str = True               # the entry's `fork` option: fork-join, or the default "auto"
     max_widths: int | None = None         # fork=True: the pool's compiled widths (Tuning.max_widths)
+    spare_lanes: int | None = None        # fork=True: a pool of batch + this many lanes (None: the default)
 
     def call_args(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The entry call's positional and keyword arguments (keywords in a drawn order)."""
@@ -93,7 +95,8 @@ class FuzzCase:
         notes = [] if all(ax == 0 for ax in self.in_axes) else [f"in_axes={self.in_axes!r}"]
         if self.limits:
             notes.append(f"options {self.limits}")
-        notes.append(f"fork={self.fork!r}" + (f", max_widths={self.max_widths}" if self.max_widths else ""))
+        notes.append(f"fork={self.fork!r}" + (f", max_widths={self.max_widths}" if self.max_widths else "")
+                     + (f", max_lanes=batch+{self.spare_lanes}" if self.spare_lanes is not None else ""))
         note = f"  # {'; '.join(notes)}" if notes else ""
         return f"--- program ---\n{self.source}--- inputs ---\n{self.entry}({', '.join(text)}){note}\n"
 
@@ -642,5 +645,7 @@ def fuzz_cases(draw: Callable, max_stmts: int = SMALL, batch_sizes: tuple[int, .
                                        {"max_stack_depth": draw(st.integers(1, 4))}]))
     fork = draw(st.sampled_from(forks))
     max_widths = draw(st.sampled_from([1, 2])) if fork is True else None
+    # A pool with few spare lanes: forks and loop forks fall back to calls in the caller's lane.
+    spare = draw(st.sampled_from([None, None, 0, 1, 3])) if fork is True and batch > 0 else None
     return FuzzCase(source, "f0", kinds, max_depth, tuple(inputs), in_axes, tuple(passing), limits, fork,
-                    max_widths, kw_order)
+                    max_widths, spare, kw_order)

@@ -84,11 +84,16 @@ def check_case(case: FuzzCase) -> None:
 
 
 def configured(fn, case: FuzzCase):
-    """`fn` with the case's `fork` option (and, with fork=True, its compiled widths)."""
-    if case.fork == fn.fork and not case.max_widths:
+    """`fn` with the case's `fork` option (and, with fork=True, its compiled widths and pool)."""
+    if case.fork == fn.fork and not case.max_widths and case.spare_lanes is None:
         return fn
     tuning = pcbatch.Tuning(max_widths=case.max_widths) if case.max_widths else fn.tuning
-    return fn.with_options(fork=case.fork, tuning=tuning)
+    pool = {}
+    if case.spare_lanes is not None:
+        axes = case.in_axes or (0,) * len(case.inputs)
+        batch = next(len(x) for x, ax in zip(case.inputs, axes) if ax is not None)
+        pool = {"max_lanes": batch + case.spare_lanes}
+    return fn.with_options(fork=case.fork, tuning=tuning, **pool)
 
 
 def _check(fn, case: FuzzCase) -> None:
