@@ -15,7 +15,8 @@ parallelism, from single-example code). Within each block:
 
 `h_l = enc(t, left[n]); h_r = enc(t, right[n])`, `f(n - 1) + f(n - 2)` and a
 `for` over a constant number of children (unrolled by the converter) all
-fork. A call inside an `if` is not hoisted out of it and does not fork.
+fork. A call inside an `if` is not hoisted out of it and does not fork here
+(inside a loop it may: `loop_forks.py`).
 """
 from __future__ import annotations
 

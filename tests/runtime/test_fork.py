@@ -7,8 +7,7 @@ calls one after another); ints exactly, floats to rtol 1e-5.
 Covered:
   * the tree models (every recursive model of `pcbatch.models`: nary, tree_gru,
     mv_rnn, tree_lstm_2type fork their two child calls; child_sum loops over
-    its children (a loop fork); lattice_lstm_at calls from inside an `if`,
-    which does not fork) on random
+    its children (a loop fork)) on random
     binary trees of every shape in `data.trees.SHAPES` and stdlib syntax trees,
     batch 7 with the default pool; nary also at batch 1, 64 and 256;
   * lane exhaustion: no free lanes (`max_lanes == batch`: all sequential), one
