@@ -98,6 +98,14 @@ def successors(term: Any, return_targets: list[int]) -> list[int]:
     return []
 
 
+def _groups(writers: dict[str, list[int]]) -> list[tuple[list[int], list[str]]]:
+    """Names grouped by the blocks that write them: `(blocks, names)`."""
+    out: dict[tuple[int, ...], list[str]] = {}
+    for name, blocks in writers.items():
+        out.setdefault(tuple(sorted(blocks)), []).append(name)
+    return [(list(blocks), names) for blocks, names in out.items()]
+
+
 class PoolMachine:
     """Builds the loop for one `StackProgram` with forks, specialised to input types."""
 
@@ -134,6 +142,8 @@ class PoolMachine:
                         self.launch_params[p].append(b)
         # Where a Return can go: any call's return address (the popped pc).
         self.return_targets = sorted({blk.term.ret for blk in blocks if isinstance(blk.term, PushJump)})
+        self.reg_groups = _groups({v: self.writers[v] for v in self.stored if self.writers[v]})
+        self.stack_groups = _groups({s: self.stack_writers[s] for s in self.stacks})
         self.joins = sorted({t.join for t in self.forks.values()}
                             | {blk.term.target for blk in blocks if isinstance(blk.term, Await)})
         self._columns()
@@ -465,15 +475,20 @@ class PoolMachine:
             out = lax.switch(block, branches, view)
             lane = state.lane.at[ids].set(out["lane"], mode="drop")
             work = state.work.at[jnp.where(ids < M, out["lane"][:, col["example"]], B)].add(1, mode="drop")
+            # One conditional per set of writing blocks (a step pays for each, taken or not).
             regs = dict(state.regs)
-            for v, vals in out["regs"].items():
-                regs[v] = lax.cond(block_in(block, self.writers[v]), lambda r, x: scatter_rows(r, ids, x),
-                                   lambda r, x: r, regs[v], vals)
+            for writers, names in self.reg_groups:
+                regs.update(lax.cond(block_in(block, writers),
+                                     lambda r, x: {v: scatter_rows(r[v], ids, x[v]) for v in r},
+                                     lambda r, x: r, {v: regs[v] for v in names}, {v: out["regs"][v] for v in names}))
             stacks = dict(state.stacks)
-            for s, value in out["stack_values"].items():
-                stacks[s] = lax.cond(block_in(block, self.stack_writers[s]),
-                                     lambda a, r, x: tree_map(lambda y, z: y.at[r, ids].set(z, mode="drop"), a, x),
-                                     lambda a, r, x: a, stacks[s], out["stack_rows"][s], value)
+            for writers, names in self.stack_groups:
+                stacks.update(lax.cond(
+                    block_in(block, writers),
+                    lambda a, r, x: {s: tree_map(lambda y, z: y.at[r[s], ids].set(z, mode="drop"), a[s], x[s])
+                                     for s in a},
+                    lambda a, r, x: a, {s: stacks[s] for s in names}, {s: out["stack_rows"][s] for s in names},
+                    {s: out["stack_values"][s] for s in names}))
             row, value = out["pc_row"], out["pc_value"]
             pc_stack = lax.cond(block_in(block, self.pushjumps),
                                 lambda a: a.at[row, ids].set(value, mode="drop"), lambda a: a, state.pc_stack)
