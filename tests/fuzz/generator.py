@@ -213,10 +213,10 @@ class _Builder:
             return f"({e()} // ({e()} % 7 + 1))"
         if kind == "mod":
             return f"({e()} % ({e()} % 5 + 1))"
-        if kind == "neg":
-            return f"(-{e()})"
+        if kind == "neg":  # `+ 0`: a `mixed_andor` may be a bool, which jnp does not negate
+            return f"(-({e()} + 0))"
         if kind == "abs":
-            return f"abs({e()})"
+            return f"abs({e()} + 0)"
         if kind == "minmax":
             return f"jnp.{self.choice(['minimum', 'maximum'])}({e()}, {e()})"
         if kind == "bit":
