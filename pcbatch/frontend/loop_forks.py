@@ -236,7 +236,15 @@ class _Loops:
             else:  # Return: the collect loop returns at the same point
                 t = Jump(wait)
             blocks.append(Block(f"{b.label}.launch", tuple(launch_ops), t, b.loc))
-        blocks.append(Block(f"{blocks[header].label}.await", (), Await(header), blocks[header].loc))
+        # The wait also tests the loop's condition (it reads nothing the children compute): one step fewer.
+        test = blocks[header]
+        if (isinstance(test.term, Branch) and len(test.ops) <= _TEST_OPS
+                and all(isinstance(op, Prim) for op in test.ops)):
+            wait_block = Block(f"{test.label}.await", test.ops, Await(test.term.true, test.term.cond, test.term.false),
+                               test.loc)
+        else:
+            wait_block = Block(f"{test.label}.await", (), Await(header), test.loc)
+        blocks.append(wait_block)
         for i in region:  # the launch loop's back edges test the condition in the same step
             blocks[copy_of[i]] = self.rotated(blocks[copy_of[i]])
         # Enter the launch loop with its variables' values on entry to the loop.

@@ -26,7 +26,7 @@ def _retarget(block: Block, mapping: dict[int, int]) -> Block:
         calls = tuple(replace(c, target=mapping[c.target]) if isinstance(c, Spawn) else c for c in t.calls)
         t = replace(t, calls=calls, join=mapping[t.join], seq=mapping[t.seq])
     elif isinstance(t, Await):
-        t = Await(mapping[t.target])
+        t = replace(t, target=mapping[t.target], false=None if t.false is None else mapping[t.false])
     ops = tuple(replace(op, call=replace(op.call, target=mapping[op.call.target]))
                 if isinstance(op, Launch) and isinstance(op.call, Spawn) else op for op in block.ops)
     return replace(block, ops=ops, term=t)

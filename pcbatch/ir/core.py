@@ -183,9 +183,12 @@ class Fork:
 @dataclass(frozen=True)
 class Await:
     """Wait off the frontier until every child the lane launched has returned,
-    then go to `target`."""
+    then go to `target`; with a `cond` (computed before the wait), to `target`
+    where it is truthy and to `false` elsewhere."""
 
     target: int
+    cond: str | None = None
+    false: int | None = None
 
 
 Terminator = Union[Jump, Branch, Return, PushJump, Fork, Await]
@@ -320,6 +323,8 @@ def term_reads(term: Terminator) -> tuple[str, ...]:
         return (term.cond,)
     if isinstance(term, Return) and term.value is not None:
         return (term.value,)
+    if isinstance(term, Await) and term.cond is not None:
+        return (term.cond,)
     if isinstance(term, Fork):
         return tuple(a for c in term.calls for a in c.args)
     return ()
@@ -336,7 +341,7 @@ def successors(term: Terminator) -> tuple[int, ...]:
     if isinstance(term, Fork):
         return (term.join, term.seq)
     if isinstance(term, Await):
-        return (term.target,)
+        return (term.target,) if term.cond is None else (term.target, term.false)
     return ()
 
 

@@ -48,7 +48,7 @@ def run_program(program: Program, *args: Any) -> Any:
             if isinstance(t, Jump):
                 block = f.blocks[t.target]
             elif isinstance(t, Await):
-                block = f.blocks[t.target]
+                block = f.blocks[t.target if t.cond is None or _truthy(env[t.cond]) else t.false]
             elif isinstance(t, Fork):
                 for c in t.calls:
                     env[c.out] = call(c.callee, tuple(env[a] for a in c.args))
@@ -155,7 +155,7 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
             elif isinstance(t, Await):
                 waits = (node, *launched_last)
                 launched_last = []
-                pc = t.target
+                pc = t.target if t.cond is None or _truthy(env[t.cond]) else t.false
             elif isinstance(t, Fork) and not forks:
                 pc = t.seq
             elif isinstance(t, Fork):

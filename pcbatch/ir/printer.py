@@ -147,7 +147,9 @@ def _format_term(term: Terminator, names: _Names, function_of: Sequence[str] | N
         children = "; ".join(_format_child(c, names, function_of) for c in term.calls)
         return f"fork [{children}] join b{term.join}, else sequential b{term.seq}"
     if isinstance(term, Await):
-        return f"await children, then b{term.target}"
+        if term.cond is None:
+            return f"await children, then b{term.target}"
+        return f"await children, then {names(term.cond)} ? b{term.target} : b{term.false}"
     raise TypeError(term)
 
 

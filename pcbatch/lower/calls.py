@@ -130,7 +130,8 @@ def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
                 spawns = tuple(_spawn(program, f.name, c, consts, m.entry_of) for c in term.calls)
                 term = Fork(spawns, starts[term.join], starts[term.seq], term.loc)
             elif isinstance(term, Await):
-                term = Await(starts[term.target])
+                term = Await(starts[term.target], None if term.cond is None else qualify(f.name, term.cond),
+                             None if term.false is None else starts[term.false])
             m.blocks.append(Block(label, tuple(ops), term, loc))
             m.block_function.append(f.name)
     return m

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pcbatch.ir.core import Block, Branch, Collect, Fork, Join, Launch, Prim, op_reads, op_writes, term_reads
+from pcbatch.ir.core import Await, Block, Branch, Collect, Fork, Join, Launch, Prim, op_reads, op_writes, term_reads
 
 
 def is_copy(op) -> bool:
@@ -88,6 +88,8 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
             ops.append(op)
         term = b.term
         if isinstance(term, Branch):
+            term = replace(term, cond=name(term.cond))
+        elif isinstance(term, Await) and term.cond is not None:
             term = replace(term, cond=name(term.cond))
         elif isinstance(term, Fork):
             term = replace(term, calls=tuple(replace(c, params=tuple(map(name, c.params)), args=tuple(map(name, c.args)))

@@ -173,12 +173,14 @@ def execute(block: Block, stack_of: dict[str, str], stacks: dict[str, Any], type
     term = block.term
     no = jnp.zeros((lanes,), bool)
     pc, pc_sp, pc_write, overflow, finished = None, rows.pc_sp, None, no, no
-    if isinstance(term, (Jump, Await)):  # an Await's lanes with children out: the pool blocks them
+    # An Await's lanes with children out: the pool blocks them (their pc says where they go next).
+    if isinstance(term, Jump) or (isinstance(term, Await) and term.cond is None):
         pc = jnp.full((lanes,), term.target, idx)
-    elif isinstance(term, Branch):
+    elif isinstance(term, (Branch, Await)):
         cond = env[term.cond] if term.cond in env else read(term.cond)[0]
         cond = jnp.broadcast_to(jnp.asarray(cond) != 0, (lanes,))
-        pc = jnp.where(cond, term.true, term.false).astype(idx)
+        true, false = (term.true, term.false) if isinstance(term, Branch) else (term.target, term.false)
+        pc = jnp.where(cond, true, false).astype(idx)
     elif isinstance(term, PushJump):
         overflow = valid & (pc_sp >= depth)
         ok = valid & ~overflow

@@ -94,7 +94,7 @@ def successors(term: Any, return_targets: list[int]) -> list[int]:
     if isinstance(term, Fork):
         return [term.seq]
     if isinstance(term, Await):
-        return [term.target]
+        return [term.target] if term.cond is None else [term.target, term.false]
     return []
 
 
@@ -145,7 +145,7 @@ class PoolMachine:
         self.reg_groups = _groups({v: self.writers[v] for v in self.stored if self.writers[v]})
         self.stack_groups = _groups({s: self.stack_writers[s] for s in self.stacks})
         self.joins = sorted({t.join for t in self.forks.values()}
-                            | {blk.term.target for blk in blocks if isinstance(blk.term, Await)})
+                            | {t for blk in blocks if isinstance(blk.term, Await) for t in successors(blk.term, [])})
         self._columns()
 
     # --- state -----------------------------------------------------------
@@ -357,7 +357,7 @@ class PoolMachine:
                                             (W * K,) + x.shape[2:]), values))
             if isinstance(term, Await):
                 waiting = get("pending") > 0
-                pc = jnp.where(waiting, -1 - term.target, term.target).astype(idx)
+                pc = jnp.where(waiting, -1 - pc, pc).astype(idx)
                 changes["stalled"] = jnp.zeros((W,), idx)
             if isinstance(term, Fork):
                 k = len(term.calls)
