@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -43,6 +45,7 @@ from pcbatch.ir.core import (Await, Block, Branch, Call, Collect, Function, Jump
 
 _LAUNCH = "%launch"  # suffix of the launch loop's copies of the loop's variables
 _TEST_OPS = 4  # a loop test this small is copied into the blocks that jump to it
+_COLLECTS_PER_STEP = 2  # trips of a one-block collect loop run per step (4: fewer steps, each dearer; slower)
 
 
 def _keep_where(flag, new, old):
@@ -51,6 +54,10 @@ def _keep_where(flag, new, old):
 
 def _both(flag, cond):
     return (jnp.logical_and(flag, jnp.asarray(cond) != 0),)
+
+
+def _truthy(x):
+    return (jnp.asarray(x) != 0,)
 
 
 def _sccs(nodes: list[int], succ: dict[int, list[int]]) -> list[list[int]]:
@@ -290,7 +297,7 @@ class _Loops:
 
     def collect(self, i: int, launched: list[Call]) -> None:
         """Block i of the loop with each launched call made a Collect and the
-        rest of the block run in the same step where there was a child (`_fast`),
+        rest of the block run in the same step where there was a child (`fast`),
         or after the call itself in the lane where the child list is empty."""
         b = self.blocks[i]
         at = next((k for k, op in enumerate(b.ops) if any(op is c for c in launched)), None)
@@ -302,21 +309,25 @@ class _Loops:
         by_call = rest + 1
         self.blocks.append(Block(f"{b.label}.collected", b.ops[at + 1:], b.term, call.loc))
         self.blocks.append(Block(f"{b.label}.call", (call,), Jump(rest), call.loc))
-        head = b.ops[:at] + (Collect(call.out, call.callee, flag),)
-        fast = self.fast(b.ops[at + 1:], b.term, flag, by_call, call.loc, launched)
+        fast = self.fast(i, b.ops[:at], call, b.ops[at + 1:], b.term, by_call)
         if fast is None:
-            self.blocks[i] = Block(b.label, head, Branch(flag, rest, by_call, call.loc), b.loc)
+            self.blocks[i] = Block(b.label, b.ops[:at] + (Collect(call.out, call.callee, flag),),
+                                   Branch(flag, rest, by_call, call.loc), b.loc)
         else:
-            self.blocks[i] = Block(b.label, head + fast[0], fast[1], b.loc)
+            self.blocks[i] = Block(b.label, b.ops[:at] + fast[0], fast[1], b.loc)
         self.collect(rest, launched)
 
-    def fast(self, rest: tuple[Op, ...], term, flag: str, by_call: int, loc,
-             launched: list[Call]) -> tuple[tuple[Op, ...], Branch] | None:
-        """The block's rest after a Collect, and the loop test it jumps to, on
-        renamed variables, each write that outlives the step kept only where
-        `flag` (the other lanes call, then run the rest as written): the ops
-        and the branch that end the Collect's own block, or None where the
-        rest ends otherwise or makes calls."""
+    def fast(self, i: int, pre: tuple[Op, ...], call: Call, rest: tuple[Op, ...], term,
+             by_call: int) -> tuple[tuple[Op, ...], Branch] | None:
+        """Block i's Collect of `call` and the rest of the block after it (and
+        the loop test it jumps to), on renamed variables, each write that
+        outlives the step kept only where the trip had a child (the other lanes
+        call, then run the rest as written); where the block is the whole loop
+        (it jumps back to itself), `_COLLECTS_PER_STEP` trips in one step, a
+        trip running only where the one before had a child and the test held.
+        The ops after `pre` and the branch that ends the block, or None where
+        the rest ends otherwise or makes calls."""
+        loc = call.loc
         if isinstance(term, Jump):
             rotated = self.rotated(Block("", rest, term))
             rest, term = rotated.ops, rotated.term
@@ -324,30 +335,75 @@ class _Loops:
             return None
         if any(t >= len(self.live) for t in successors(term)):
             return None
-        name: dict[str, str] = {}
-        exposed: set[str] = set()
-        ops: list[Op] = []
+        self_loop = (isinstance(term, Branch) and term.true == i and all(isinstance(op, Prim) for op in pre))
+        trips = _COLLECTS_PER_STEP if self_loop else 1
+        after = set().union(*(self.live[t] for t in successors(term)))
+        # What the call path reads: the call's arguments, then the rest as written.
+        exposed, written = set(call.args), {call.out}
         for op in rest:
-            exposed.update(v for v in op.ins if v not in name)
+            exposed.update(v for v in op.ins if v not in written)
+            written.update(op.outs)
+        if isinstance(term, Branch) and term.cond not in written:
+            exposed.add(term.cond)
+        keep = after | exposed
+        name: dict[str, str] = {}
+        kept: list[tuple[str, str, str | None]] = []  # (variable, its value in a trip, where that trip kept it)
+        ops: list[Op] = []
+
+        def copy(op: Prim, when: str | None) -> None:
             reads = {v: name[v] for v in op.ins if v in name}
             outs = tuple(self.fresh(v) for v in op.outs)
             ops.append(replace(op, ins=tuple(name.get(v, v) for v in op.ins), outs=outs,
                                text=retext(op.text, reads) if reads and op.text else op.text))
             name.update(zip(op.outs, outs))
-        after = set().union(*(self.live[t] for t in successors(term)))
-        if isinstance(term, Branch):
-            exposed.discard(term.cond) if term.cond in name else exposed.add(term.cond)
-        for v in sorted(v for v in name if v in after or v in exposed):
-            ops.append(Prim((v,), (flag, name[v], v), _keep_where, f"{name[v]} if {flag} else {v}", loc))
+            kept.extend((v, o, when) for v, o in zip(op.outs, outs) if v in keep)
+
+        def both(a: str | None, b: str, text: str) -> str:
+            out = self.fresh("%go")
+            ops.append(Prim((out,), (b,) if a is None else (a, b), _both if a is not None else _truthy,
+                            text, loc))
+            return out
+
+        run: str | None = None  # this trip runs (None: the first, which always does)
+        stops: list[str] = []  # trips that wanted a child and found none
+        for trip in range(trips):
+            if trip:
+                for op in pre:
+                    copy(op, run)
+            got = self.fresh(f"{call.out}%collected")
+            out = self.fresh(call.out)
+            ops.append(Collect(out, call.callee, got, run))
+            ok = got if run is None else both(run, got, f"{run} and {got}")
+            name[call.out] = out
+            kept.extend([(call.out, out, ok)] if call.out in keep else [])
+            for op in rest:
+                copy(op, ok)
+            if run is not None:
+                missing = self.fresh("%nochild")
+                ops.append(Prim((missing,), (run, got), lambda r, g: (jnp.logical_and(r, jnp.logical_not(g)),),
+                                f"{run} and not {got}", loc))
+                stops.append(missing)
+            else:
+                missing = self.fresh("%nochild")
+                ops.append(Prim((missing,), (got,), lambda g: (jnp.logical_not(g),), f"not {got}", loc))
+                stops.append(missing)
+            if isinstance(term, Jump):
+                break
+            run = both(ok, name.get(term.cond, term.cond), f"{ok} and {name.get(term.cond, term.cond)}")
+        for v, value, when in kept:  # in program order: a later trip's value wins where it ran
+            if when is None:
+                ops.append(Prim((v,), (value,), lambda x: (x,), value, loc))
+            else:
+                ops.append(Prim((v,), (when, value, v), _keep_where, f"{value} if {when} else {v}", loc))
+        need_call = self.fresh("%call")
+        ops.append(Prim((need_call,), tuple(stops), lambda *xs: (functools.reduce(jnp.logical_or, xs),),
+                        " or ".join(stops), loc))
         if isinstance(term, Jump):
-            return tuple(ops), Branch(flag, term.target, by_call, loc)
-        # Where the test fails, a lane with a child leaves the loop; one without calls.
-        go = self.fresh(term.cond)
-        cond = name.get(term.cond, term.cond)
-        ops.append(Prim((go,), (flag, cond), _both, f"{flag} and {cond}", loc))
+            return tuple(ops), Branch(need_call, by_call, term.target, loc)
+        # Where the test fails, a lane that had its children leaves the loop; one without calls.
         leave = len(self.blocks)
-        self.blocks.append(Block("collected.exit", (), Branch(flag, term.false, by_call, loc), loc))
-        return tuple(ops), Branch(go, term.true, leave, loc)
+        self.blocks.append(Block("collected.exit", (), Branch(need_call, by_call, term.false, loc), loc))
+        return tuple(ops), Branch(run, term.true, leave, loc)
 
 
 def form_loop_forks(fn: Function) -> tuple[Function, list[str]]:

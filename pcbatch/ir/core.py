@@ -107,11 +107,13 @@ class Collect:
     """`out` takes the return value `ret` (the callee in Figure 2, its return
     variable in Figure 4) of the lane's oldest launched child still held,
     which is then freed; `flag` says whether there was one (where not, `out`
-    is junk and the code calls the function itself)."""
+    is junk and the code calls the function itself). With `when`, only where
+    that variable is truthy (elsewhere nothing is taken)."""
 
     out: str
     ret: str
     flag: str
+    when: str | None = None
 
 
 Op = Union[Prim, Call, Push, Pop, Peek, Update, Join, Launch, Collect]
@@ -299,6 +301,8 @@ def op_reads(op: Op) -> tuple[str, ...]:
         return op.args
     if isinstance(op, Launch):
         return op.call.args
+    if isinstance(op, Collect):
+        return () if op.when is None else (op.when,)
     if isinstance(op, (Push, Update)):
         return (op.var,)
     return ()

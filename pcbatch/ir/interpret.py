@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import numpy as np
 
 from pcbatch.ir.core import (Await, Branch, Collect, Fork, Join, Jump, Launch, Peek, Pop, Prim, Program, Push, PushJump,
@@ -30,6 +31,7 @@ def run_program(program: Program, *args: Any) -> Any:
         env = dict(zip(f.params, values))
         block = f.blocks[0]
         launched: list[Any] = []  # the results of launched calls not yet collected
+        last: dict[str, Any] = {}  # per callee, the last result collected
         while True:
             for op in block.ops:
                 if isinstance(op, Prim):
@@ -37,9 +39,11 @@ def run_program(program: Program, *args: Any) -> Any:
                 elif isinstance(op, Launch):
                     launched.append(call(op.call.callee, tuple(env[a] for a in op.call.args)))
                 elif isinstance(op, Collect):
-                    env[op.flag] = bool(launched)
-                    if launched:
-                        env[op.out] = launched.pop(0)
+                    take = op.when is None or _truthy(env[op.when])
+                    env[op.flag] = take and bool(launched)
+                    # Not taken: any value of the callee's result type (the code after it is masked).
+                    env[op.out] = launched.pop(0) if env[op.flag] else last.get(op.ret, 0)
+                    last[op.ret] = env[op.out]
                 else:
                     env[op.out] = call(op.callee, tuple(env[a] for a in op.args))
             t = block.term
@@ -97,6 +101,9 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
     trace = Trace(None)
     halt = prog.num_blocks
 
+    def junk(var: str) -> Any:
+        return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), prog.var_types[var])
+
     class Stop(Exception):
         pass
 
@@ -138,9 +145,11 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
                     launched.append(child)
                     launched_last.append(last)
                 elif isinstance(op, Collect):
-                    env[op.flag] = bool(launched)
-                    if launched:
-                        env[op.out] = launched.pop(0)[op.ret]
+                    take = op.when is None or _truthy(env[op.when])
+                    env[op.flag] = take and bool(launched)
+                    # Not taken: any value of the return type (the code after it is masked).
+                    env[op.out] = (launched.pop(0)[op.ret] if env[op.flag] else env[op.ret] if op.ret in env
+                                   else junk(op.ret))
             t = block.term
             if isinstance(t, Jump):
                 pc = t.target

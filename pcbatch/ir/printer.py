@@ -129,7 +129,8 @@ def _format_op(op: Op, names: _Names, function_of: Sequence[str] | None = None) 
     if isinstance(op, Launch):
         return f"launch {_format_child(op.call, names, function_of)}"
     if isinstance(op, Collect):
-        return f"{names(op.out, typed=True)}, {names(op.flag)} = collect {names(op.ret)}"
+        when = "" if op.when is None else f" if {names(op.when)}"
+        return f"{names(op.out, typed=True)}, {names(op.flag)} = collect {names(op.ret)}{when}"
     kind = {Push: "push", Pop: "pop", Peek: "peek", Update: "update"}[type(op)]
     return f"{kind} {names(op.var)}"
 

@@ -93,7 +93,8 @@ def merge_functions(program: Program, consts: dict[str, str]) -> Merged:
                     ops.append(Launch(_spawn(program, f.name, op.call, consts, m.entry_of)))
                     continue
                 if isinstance(op, Collect):
-                    ops.append(Collect(qualify(f.name, op.out), ret_var(op.ret), qualify(f.name, op.flag)))
+                    ops.append(Collect(qualify(f.name, op.out), ret_var(op.ret), qualify(f.name, op.flag),
+                                       None if op.when is None else qualify(f.name, op.when)))
                     continue
                 callee = program.function(op.callee)
                 pairs = _param_pairs(callee, f.name, op.args, consts)

@@ -84,7 +84,8 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
                 op = Launch(replace(op.call, params=tuple(map(name, op.call.params)),
                                     args=tuple(map(name, op.call.args))))
             elif isinstance(op, Collect):
-                op = replace(op, out=name(op.out), flag=name(op.flag))
+                op = replace(op, out=name(op.out), flag=name(op.flag),
+                             when=None if op.when is None else name(op.when))
             ops.append(op)
         term = b.term
         if isinstance(term, Branch):

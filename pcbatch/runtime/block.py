@@ -122,8 +122,10 @@ def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, type
             pushed[stack_of[op.var]] = get(op.var)[0]
         elif isinstance(op, (Pop, Peek)):
             env[op.var] = top(stack_of[op.var])
-        elif isinstance(op, (Join, Collect)):
+        elif isinstance(op, Join):
             env.update(join(op))
+        elif isinstance(op, Collect):
+            env.update(join(op, get))
         elif isinstance(op, Launch):
             launch(op, get)
     return env, pushed

@@ -132,7 +132,9 @@ class PoolMachine:
         self.launches = {b: [op.call for op in blk.ops if isinstance(op, Launch)] for b, blk in enumerate(blocks)}
         self.launches = {b: calls for b, calls in self.launches.items() if calls}
         assert not set(self.launches) & set(self.forks), "a block both launches and forks"
-        self.fan = max([len(t.calls) for t in self.forks.values()] + [len(c) for c in self.launches.values()] + [1])
+        collects = [sum(isinstance(op, Collect) for op in blk.ops) for blk in blocks]
+        self.fan = max([len(t.calls) for t in self.forks.values()] + [len(c) for c in self.launches.values()]
+                       + collects + [1])
         # Per parameter a Launch assigns (in the child's lane): the blocks that launch with it.
         self.launch_params: dict[str, list[int]] = {}
         for b, calls in self.launches.items():
@@ -261,9 +263,19 @@ class PoolMachine:
                 return tree_map(lambda a: a.at[jnp.maximum(sps[s] - 1, 0), ids].get(mode="fill", fill_value=0),
                                 view["stacks"][s])
 
-            def join(op: Join | Collect) -> dict[str, Any]:
-                if isinstance(op, Collect):  # the oldest launched child still held
-                    head = get("kid_head")
+            taken: dict[str, Any] = {"head": None, "freed": [], "poison": jnp.zeros((W,), idx)}
+
+            def join(op: Join | Collect, read: Any = None) -> dict[str, Any]:
+                if isinstance(op, Collect):  # the oldest launched child still held (after this step's earlier ones)
+                    head = get("kid_head") if taken["head"] is None else taken["head"]
+                    when = valid if op.when is None else valid & jnp.broadcast_to(
+                        jnp.asarray(read(op.when)[0]) != 0, (W,))
+                    took = when & (head < M)
+                    taken["head"] = jnp.where(took, view["lane"].at[head, col["sibling"]].get(
+                        mode="fill", fill_value=M), head)
+                    taken["freed"].append(jnp.where(took, head, M))
+                    taken["poison"] = taken["poison"] | jnp.where(took, view["lane"].at[head, col["poison"]].get(
+                        mode="fill", fill_value=0), 0)
                     return {op.out: cast_to(gather_rows(view["regs"][op.ret], head), types[op.out], None),
                             op.flag: head < M}
                 kids = own[:, self.kids]
@@ -301,15 +313,11 @@ class PoolMachine:
 
             link = (jnp.full((W,), M, idx), jnp.full((W,), M, idx))  # (lane, its new next sibling)
             launch_params: dict[str, tuple[jax.Array, Any]] = {}
-            if any(isinstance(op, Collect) for op in block.ops):
-                head = get("kid_head")
-                took = valid & (head < M)
-                after = view["lane"].at[head, col["sibling"]].get(mode="fill", fill_value=M)
-                changes["kid_head"] = jnp.where(took, after, head)
-                changes["kid_tail"] = jnp.where(took & (after == M), M, get("kid_tail"))
-                changes["poison"] = changes["poison"] | view["lane"].at[head, col["poison"]].get(
-                    mode="fill", fill_value=0)
-                freed = pad_rows(jnp.where(took, head, M), W * K, M)
+            if taken["head"] is not None:  # the block collected: the list's new head, the children freed
+                changes["kid_head"] = taken["head"]
+                changes["kid_tail"] = jnp.where(taken["head"] == M, M, get("kid_tail"))
+                changes["poison"] = changes["poison"] | taken["poison"]
+                freed = pad_rows(jnp.stack(taken["freed"], 1).reshape(-1), W * K, M)
 
             term, pc = block.term, ran.pc
             kid_dest = jnp.full((W * K,), nb, idx)
