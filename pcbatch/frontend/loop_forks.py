@@ -25,7 +25,11 @@ splits a loop into what the iterations share and what they do alone:
 
 Both loops take the same path, so the collects meet the children in launch
 order, and everything else runs in the loop's own order: the results,
-floating-point accumulation included, are the Python's. A loop whose proof
+floating-point accumulation included, are the Python's. Steps: a small loop
+test is copied into the blocks that jump to it (and into the Await); where a
+child was collected the rest of the trip runs in the Collect's own step (its
+writes kept only there); a collect loop that is one block runs
+`_COLLECTS_PER_STEP` trips a step. A loop whose proof
 fails keeps its calls (its inner loops are tried on their own), and
 `Program.notes` says why. Runs before `form_forks`, on Figure 2 functions.
 """
