@@ -196,3 +196,16 @@ def test_schedules_and_a_learned_policy_run_loop_forks():
     policy = fsm.learn(range_walk, children, roots, trials=20)
     for schedule in ("depth", "agenda", policy):
         np.testing.assert_allclose(range_walk.with_schedule(schedule)(children, roots), expected, rtol=1e-6)
+
+
+def test_overflow_and_step_limits_flag_only_their_examples():
+    """Without spare lanes the calls run in the caller's lane and may overflow its stacks:
+    those examples are flagged, the others exact; the same under a step bound."""
+    children, _, _, roots = random_forest(8, 12, 16, 3)
+    expected = np.asarray(range_walk.reference(children, roots))
+    _, full = range_walk.checked(children, roots)
+    for options in (dict(max_lanes=len(roots), max_stack_depth=3), dict(max_steps=int(full.steps) // 2)):
+        out, status = range_walk.with_options(**options).checked(children, roots)
+        flagged = np.asarray(status.overflow) | np.asarray(status.unfinished)
+        assert flagged.any() and not flagged.all(), options
+        np.testing.assert_allclose(np.asarray(out)[~flagged], expected[~flagged], rtol=1e-6)
