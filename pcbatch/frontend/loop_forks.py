@@ -35,9 +35,8 @@ fails keeps its calls (its inner loops are tried on their own), and
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import functools
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
@@ -58,10 +57,6 @@ def _keep_where(flag, new, old):
 
 def _both(flag, cond):
     return (jnp.logical_and(flag, jnp.asarray(cond) != 0),)
-
-
-def _truthy(x):
-    return (jnp.asarray(x) != 0,)
 
 
 def _sccs(nodes: list[int], succ: dict[int, list[int]]) -> list[list[int]]:
@@ -362,10 +357,9 @@ class _Loops:
             name.update(zip(op.outs, outs))
             kept.extend((v, o, when) for v, o in zip(op.outs, outs) if v in keep)
 
-        def both(a: str | None, b: str, text: str) -> str:
+        def both(a: str, b: str, text: str) -> str:
             out = self.fresh("%go")
-            ops.append(Prim((out,), (b,) if a is None else (a, b), _both if a is not None else _truthy,
-                            text, loc))
+            ops.append(Prim((out,), (a, b), _both, text, loc))
             return out
 
         run: str | None = None  # this trip runs (None: the first, which always does)
