@@ -42,7 +42,8 @@ from math import prod
 
 import jax
 
-from pcbatch.ir.core import CONSTANT, INVARIANT, Fork, Launch, Prim, StackProgram
+from pcbatch.ir.core import CONSTANT, INVARIANT, Fork, Launch, StackProgram
+from pcbatch.ir.dataflow import through_prims
 from pcbatch.runtime.options import Tuning
 
 
@@ -63,15 +64,8 @@ def walks_data(prog: StackProgram) -> bool:
         leaves = jax.tree_util.tree_leaves(prog.var_types.get(v))
         return any(prod(leaf.shape) > 1 for leaf in leaves)
 
-    derived = {v for v, c in prog.var_class.items() if c in (INVARIANT, CONSTANT) and is_array(v)}
-    prims = [op for blk in prog.blocks for op in blk.ops if isinstance(op, Prim)]
-    grew = True
-    while grew:  # values computed from the data, however indirectly
-        grew = False
-        for op in prims:
-            if not derived.issuperset(op.outs) and derived.intersection(op.ins):
-                derived.update(op.outs)
-                grew = True
+    data = {v for v, c in prog.var_class.items() if c in (INVARIANT, CONSTANT) and is_array(v)}
+    derived = through_prims((op for blk in prog.blocks for op in blk.ops), data)  # however indirectly
     calls = [c for blk in prog.blocks if isinstance(blk.term, Fork) for c in blk.term.calls]
     calls += [op.call for blk in prog.blocks for op in blk.ops if isinstance(op, Launch)]
     return any(a in derived for call in calls for a in call.args)

@@ -43,8 +43,8 @@ import jax.numpy as jnp
 
 from pcbatch.frontend.forks import retext
 from pcbatch.ir.cfg import simplify
-from pcbatch.ir.core import (Await, Block, Branch, Call, Collect, Function, Jump, Launch, Op, Prim, Return, op_reads,
-                             op_writes, successors, term_reads)
+from pcbatch.ir.core import Await, Block, Branch, Call, Collect, Function, Jump, Launch, Op, Prim, Return, successors
+from pcbatch.ir.dataflow import through_prims, use_def
 
 _LAUNCH = "%launch"  # suffix of the launch loop's copies of the loop's variables
 _TEST_OPS = 4  # a loop test this small is copied into the blocks that jump to it
@@ -53,6 +53,10 @@ _COLLECTS_PER_STEP = 2  # trips of a one-block collect loop run per step (4: few
 
 def _keep_where(flag, new, old):
     return (jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old),)
+
+
+def _none_collected(got, run=True):
+    return (jnp.logical_and(run, jnp.logical_not(got)),)
 
 
 def _both(flag, cond):
@@ -103,16 +107,7 @@ def _sccs(nodes: list[int], succ: dict[int, list[int]]) -> list[list[int]]:
 
 def _live_in(blocks: list[Block]) -> list[set[str]]:
     """Variables live on entry to each block (a Return's value is read there)."""
-    use, defs = [], []
-    for b in blocks:
-        u: set[str] = set()
-        d: set[str] = set()
-        for op in b.ops:
-            u.update(v for v in op_reads(op) if v not in d)
-            d.update(op_writes(op))
-        u.update(v for v in term_reads(b.term) if v not in d)
-        use.append(u)
-        defs.append(d)
+    use, defs = zip(*map(use_def, blocks))
     live = [set(u) for u in use]
     changed = True
     while changed:
@@ -180,14 +175,7 @@ class _Loops:
                 return f"{where} is entered from a {type(blocks[p].term).__name__}: its calls run one after another"
         ops = [op for i in region for op in blocks[i].ops]
         calls = [op for op in ops if isinstance(op, Call)]
-        tainted = {c.out for c in calls}
-        changed = True
-        while changed:
-            changed = False
-            for op in ops:
-                if isinstance(op, Prim) and set(op.ins) & tainted and not set(op.outs) <= tainted:
-                    tainted |= set(op.outs)
-                    changed = True
+        tainted = through_prims(ops, {c.out for c in calls})
         launched = [c for c in calls if not set(c.args) & tainted]
         if not launched:
             c = calls[0]
@@ -203,14 +191,7 @@ class _Loops:
                 return f"{where} ends a block in {type(t).__name__}: its calls run one after another"
         # What the launch loop needs: its branches, the launched calls' arguments, and what they are made of.
         need = {blocks[i].term.cond for i in region if isinstance(blocks[i].term, Branch)}
-        need |= {a for c in launched for a in c.args}
-        changed = True
-        while changed:
-            changed = False
-            for op in ops:
-                if isinstance(op, Prim) and set(op.outs) & need and not set(op.ins) <= need:
-                    need |= set(op.ins)
-                    changed = True
+        need = through_prims(ops, need | {a for c in launched for a in c.args}, forward=False)
         if need & tainted:  # cannot happen (taint flows where need is traced back), but never assume
             return f"{where}: its control depends on a call's result: its calls run one after another"
         kept = {i: [op for op in blocks[i].ops
@@ -376,15 +357,9 @@ class _Loops:
             kept.extend([(call.out, out, ok)] if call.out in keep else [])
             for op in rest:
                 copy(op, ok)
-            if run is not None:
-                missing = self.fresh("%nochild")
-                ops.append(Prim((missing,), (run, got), lambda r, g: (jnp.logical_and(r, jnp.logical_not(g)),),
-                                f"{run} and not {got}", loc))
-                stops.append(missing)
-            else:
-                missing = self.fresh("%nochild")
-                ops.append(Prim((missing,), (got,), lambda g: (jnp.logical_not(g),), f"not {got}", loc))
-                stops.append(missing)
+            stops.append(self.fresh("%nochild"))  # the trip ran (the first always does) and found no child
+            ops.append(Prim((stops[-1],), (got,) if run is None else (got, run), _none_collected,
+                            f"not {got}" if run is None else f"{run} and not {got}", loc))
             if isinstance(term, Jump):
                 break
             run = both(ok, name.get(term.cond, term.cond), f"{ok} and {name.get(term.cond, term.cond)}")

@@ -18,6 +18,7 @@ from pcbatch.ir.core import (
     successors,
     term_reads,
 )
+from pcbatch.ir.dataflow import use_def
 
 
 def block_successors(blocks: tuple[Block, ...]) -> list[tuple[int, ...]]:
@@ -50,16 +51,6 @@ def live_out(i: int, live_in: list[set[str]], succ: list[tuple[int, ...]], at_ex
         else:
             out |= live_in[s]
     return out
-
-
-def use_def(block: Block) -> tuple[set[str], set[str]]:
-    use: set[str] = set()
-    defs: set[str] = set()
-    for op in block.ops:
-        use.update(v for v in op_reads(op) if v not in defs)
-        defs.update(op_writes(op))
-    use.update(v for v in term_reads(block.term) if v not in defs)
-    return use, defs
 
 
 def liveness(blocks: tuple[Block, ...], succ: list[tuple[int, ...]],

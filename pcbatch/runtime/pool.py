@@ -416,11 +416,12 @@ class PoolMachine:
             out["freed"] = pad_rows(freed, N * K, M)
             out["spawn_lanes"] = pad_rows(spawned[0], N * K, M)
             out["link"] = tuple(pad_rows(x, N, M) for x in link)
+            # Per parameter any Launch assigns: (child lanes, values); none where this block does not.
             out["launch_params"] = {
-                p: launch_params.get(p, (jnp.full((W * K,), M, idx), zeros_of(types[p], (W * K,))))
+                p: (pad_rows(launch_params[p][0], N * K, M),
+                    tree_map(lambda x: pad_rows(x, N * K), launch_params[p][1]))
+                if p in launch_params else (jnp.full((N * K,), M, idx), zeros_of(types[p], (N * K,)))
                 for p in self.launch_params}
-            out["launch_params"] = {p: (pad_rows(lanes_p, N * K, M), tree_map(lambda x: pad_rows(x, N * K), vals))
-                                    for p, (lanes_p, vals) in out["launch_params"].items()}
             out.update(dest=dest, rank=rank, added=added, used=used)
             return out
 

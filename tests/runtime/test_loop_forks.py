@@ -6,7 +6,6 @@ own lane), eagerly and under jit."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import pcbatch
 from pcbatch.ir.core import Await, Collect, Launch
