@@ -16,7 +16,7 @@ from pcbatch import _context, differentiation, failures
 from pcbatch import sharding as _sharding
 from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, reference_call, target_of
 from pcbatch.compile import Cache, Executable, Signature, block_ir, executable, measure_fork
-from pcbatch.errors import ForwardModeError, Loc, OptionError, UnsupportedSyntaxError
+from pcbatch.errors import Loc, OptionError, UnsupportedSyntaxError
 from pcbatch.frontend import BoundFunction
 from pcbatch.fsm import get_scheduler
 from pcbatch.ir.core import Program, StackProgram
@@ -244,12 +244,9 @@ class Autobatched:
         prog, batch = exe.prog, bound.batch
         leaves = tree_util.tree_leaves(inputs)
         tracing = any(differentiation.is_tracer(x) for x in leaves)
-        mode = differentiation.mode(leaves)
-        if mode == "mixed":
-            raise ForwardModeError(self.__qualname__)
-        # Forward mode alone differentiates the plain machine (JAX's jvp of a while
-        # loop); anything else that may be differentiated goes through the custom_vjp.
-        if tracing and mode != "forward" and is_float(inputs):
+        # Forward mode alone differentiates the plain machine (JAX's jvp of a while loop: no
+        # tape); anything else that may be differentiated goes through `grad.Differentiable`.
+        if tracing and differentiation.mode(leaves) != "forward" and is_float(inputs):
             result, status = self._run_differentiable(exe, inputs, bound, raise_errors)
             return result, status, prog, batch
         if tracing:
@@ -293,7 +290,7 @@ class Autobatched:
 
     def _run_differentiable(self, exe: Executable, inputs: dict[str, Any], bound: Bound,
                             raise_errors: bool) -> tuple[Any, Status]:
-        """The machine under `grad.Differentiable`'s custom_vjp: the plain
+        """The machine under `grad.Differentiable`'s custom_jvp: the plain
         machine unless differentiated; then a recorded forward and a replayed
         backward. Errors of a concretely evaluated forward (eager `jax.grad`)
         are raised there."""

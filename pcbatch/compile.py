@@ -162,7 +162,7 @@ class Executable:
         return sharding.new_workspace(workspace_shapes(self.prog, local, self.config(local)[1]))
 
     def gradient_machine(self) -> Differentiable:
-        """The machine under a custom_vjp (`runtime.grad.Differentiable`), built once."""
+        """The machine under a custom_jvp (`runtime.grad.Differentiable`), built once."""
         if self.differentiable is None:
             prog = self.prog if self.gradient_program is None else self.gradient_program()
             batched = frozenset(p for p, s in zip(prog.entry_params, self.shared) if not s)

@@ -3,9 +3,8 @@
 JAX wraps a differentiated value in a tracer per transformation: forward mode
 (`jax.jvp`, `jax.jacfwd`) in a `JVPTracer`, reverse mode (`jax.grad`,
 `jax.vjp`, `jax.linearize`) in a `LinearizeTracer` (or, on JAX's older
-partial-evaluation path, a `JaxprTracer`). pcbatch's reverse mode is a
-`custom_vjp`, which JAX cannot differentiate forwards, so a call needs to know
-which of them it is under: `mode(leaves)`.
+partial-evaluation path, a `JaxprTracer`). Forward mode alone needs no tape:
+a call under it runs the plain machine (`mode(leaves)` says which it is under).
 
 The tracer classes live in `jax._src`, JAX's private modules: they are looked
 up once here, each guarded, so a JAX without one of them still imports pcbatch

@@ -106,19 +106,12 @@ class TapeOverflowError(PcbatchError):
 
 
 class ForwardModeError(PcbatchError, TypeError):
-    """Forward over reverse mode (`jax.hessian`, `jax.jacfwd` of `jax.grad`)
-    through an autobatched function: not supported. Forward mode alone
-    (`jax.jvp`, `jax.jacfwd`) and reverse mode alone work."""
+    """Kept for code that catches it: pcbatch no longer raises it. Every JAX
+    differentiation of an autobatched call works, forward over reverse
+    (`jax.hessian`) and forward mode of a `jit`-compiled caller included."""
 
     def __init__(self, name: str):
-        super().__init__(
-            f"forward-mode differentiation of a reverse-mode derivative (jax.hessian, jax.jacfwd of jax.grad) "
-            f"through autobatched `{name}` is not supported: its reverse mode is a custom_vjp, which JAX cannot "
-            "differentiate forwards.\n"
-            "Hint: use jax.grad, jax.value_and_grad, jax.vjp or jax.jacrev (reverse mode), or jax.jvp / "
-            "jax.jacfwd (forward mode) on their own; for a Hessian, jax.jacrev(jax.jacrev(f)) where f's "
-            "inner derivative is taken outside pcbatch."
-        )
+        super().__init__(f"forward-mode differentiation through autobatched `{name}`")
 
 
 class ArgumentError(PcbatchError, TypeError, ValueError):

@@ -1,10 +1,12 @@
 """Reverse-mode gradients of an autobatched program: a recorded forward loop
 and a backward loop that replays the recorded steps in reverse.
 
-`lax.while_loop` has no reverse-mode rule, so `Autobatched` wraps the machine
-in a `jax.custom_vjp` (`Differentiable`). Without differentiation the plain
-machine runs (no tape, same cost as before). Differentiated, the forward rule
-runs the same machine with a `Recorder` riding along its loop
+`lax.while_loop` has no reverse-mode rule, so `Autobatched` gives the machine
+a `jax.custom_jvp` (`Differentiable`) whose tangent is one linear primitive
+(`linear.py`): evaluated, it is JAX's forward mode of the plain machine;
+transposed, it replays the tape. Without differentiation the plain machine
+runs (no tape, same cost as before). Differentiated, the JVP rule runs the
+same machine with a `Recorder` riding along its loop
 (`loop.while_loop_recorded`) and the backward rule runs a second
 `lax.while_loop` that walks the recorded steps from last to first.
 
@@ -77,15 +79,17 @@ and a checkify error names it. Examples that overflowed their stacks or ran
 out of `max_steps` get NaN gradients (a shared parameter: if any did), never
 garbage.
 
-Only reverse mode goes through here: forward mode alone (`jax.jvp`,
-`jax.jacfwd`) runs the plain machine, which JAX differentiates forwards like
-any while loop; forward over reverse (`jax.hessian`) cannot differentiate this
-custom_vjp and raises `pcbatch.ForwardModeError` (`pcbatch/api.py` decides).
+Every JAX transformation composes: forward mode (`jax.jvp`, `jax.jacfwd`,
+`jax.linearize`, also of a `jit`-compiled caller) evaluates the linear map,
+reverse mode transposes it, forward over reverse (`jax.hessian`) is JAX's jvp
+of the backward loop, `vmap` batches both sides. Eager forward mode alone
+skips the tape: `pcbatch/api.py` runs the plain machine under JAX's jvp.
 
 Modules, by job: `floats` (float leaves, the only ones with cotangents),
 `plan` (what each block reads and writes; tape layout), `recorder` (the
 forward: tape rows), `backward` (the reverse loop), `prelude` (the prelude's
-masked VJP), `differentiable` (the custom_vjp tying them together).
+masked VJP), `linear` (the linear primitive and its transpose),
+`differentiable` (the custom_jvp tying them together).
 
 >>> import jax, jax.numpy as jnp, pcbatch
 >>> @pcbatch.autobatch

@@ -1,7 +1,9 @@
-"""The custom_vjp around the machine: a recorded forward and the backward loop."""
+"""The machine's derivative: a `custom_jvp` whose tangent is a `linear_call`
+(forward mode of the plain machine; transposed by the recorded tape replayed
+backwards)."""
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +15,8 @@ from pcbatch.runtime.block import eval_prelude
 from pcbatch.runtime.config import MachineConfig
 from pcbatch.runtime.lanes import cast_to
 from pcbatch.runtime.run import machine_for, run_machine
-from pcbatch.runtime.grad.floats import floats, is_float, is_inexact, with_floats
+from pcbatch.runtime.grad.floats import floats, is_float, is_inexact, row_mask, with_floats
+from pcbatch.runtime.grad.linear import Linear, linear_call
 from pcbatch.runtime.grad.plan import Plan
 from pcbatch.runtime.grad.recorder import Recorder
 from pcbatch.runtime.grad.backward import Backward
@@ -50,7 +53,9 @@ def _nbytes(t: Any) -> int:
 
 class Differentiable:
     """A compiled program's differentiable call: `(result, status)` of the
-    entry inputs, with a `jax.custom_vjp` that records a tape and replays it.
+    entry inputs, differentiable by every JAX transformation: a `custom_jvp`
+    whose tangent is a `linear_call` (forward: JAX's jvp of the plain machine;
+    transposed: a recorded tape replayed backwards).
 
     `primal(inputs)` runs the plain machine (used when nothing is
     differentiated); `check(status, inputs)` runs on concrete forward results
@@ -113,55 +118,80 @@ class Differentiable:
         """`(result, status, need)`: `need` is 0, or (differentiated, the tape
         overflowed inside jit) the `tape_size` this call needs; the caller
         reports it (checkify), the gradients are NaN."""
-        prog, batched = self.prog, self.batched
-        diff_keys = {p for p in prog.entry_params if is_float(inputs[p])}
-        used: list[int] = []  # the tape size the forward rule chose, for the backward rule
 
-        @jax.custom_vjp
+        @jax.custom_jvp
         def call(inputs):
             return (*primal(inputs), jnp.zeros((), index_dtype()))  # like `need` below
 
-        def fwd(inputs):
+        @call.defjvp
+        def jvp(primals, tangents):
+            (inputs,), (dinputs,) = primals, tangents
+            (result, status, need), backward = self._record(inputs, check)
+            res_leaves, res_tree = tree_util.tree_flatten((inputs, status, need, backward.tape))
+            dresult = linear_call(Linear(
+                lambda *args: self._tangents(res_tree, args, primal),
+                lambda *args: backward(tree_util.tree_unflatten(res_tree, args[:len(res_leaves)]),
+                                       list(args[len(res_leaves):])),
+                len(res_leaves), [jax.core.ShapedArray(np.shape(x), jnp.result_type(x)) for x in floats(result)],
+            ), res_leaves, floats(dinputs))
+            dout = tree_map(_zero_tangent, (result, status, need))
+            return (result, status, need), (with_floats(dout[0], dresult), *dout[1:])
+
+        return call(inputs)
+
+    def _record(self, inputs: dict[str, Any], check: Callable) -> tuple[tuple[Any, Any, jax.Array], "_Backward"]:
+        """The recorded forward: `(result, status, need)` and what replays its tape."""
+        plan, forward, _ = self.compiled(self.tape_size)
+        result, status, tape = forward(inputs)
+        # Eager differentiation sees concrete values (under vmap, e.g. jax.jacrev, the outputs are traced).
+        concrete = not any(isinstance(x, jax.core.Tracer) for x in tree_util.tree_leaves((inputs, status, tape)))
+        if concrete and bool(Plan.overflowed(tape, plan.capacity, plan.log_size)):
+            need = plan.needed(tape)
+            if self.fixed:
+                from pcbatch.errors import TapeOverflowError
+
+                raise TapeOverflowError(self.tape_size, need)
+            self.tape_size = max(need, 2 * self.tape_size)  # kept for later calls
             plan, forward, _ = self.compiled(self.tape_size)
             result, status, tape = forward(inputs)
-            # Eager differentiation sees concrete values (under vmap, e.g. jax.jacfwd, the outputs are traced).
-            concrete = not any(isinstance(x, jax.core.Tracer) for x in tree_util.tree_leaves((inputs, status, tape)))
-            if concrete and bool(Plan.overflowed(tape, plan.capacity, plan.log_size)):
-                need = plan.needed(tape)
-                if self.fixed:
-                    from pcbatch.errors import TapeOverflowError
+        if concrete:
+            check(status, inputs)
+        need = jnp.where(Plan.overflowed(tape, plan.capacity, plan.log_size), _needed_traced(plan, tape), 0)
+        return (result, status, need.astype(index_dtype())), _Backward(self, plan.capacity // plan.examples, tape)
 
-                    raise TapeOverflowError(self.tape_size, need)
-                self.tape_size = max(need, 2 * self.tape_size)  # kept for later calls
-                plan, forward, _ = self.compiled(self.tape_size)
-                result, status, tape = forward(inputs)
-            used.append(plan.capacity // plan.examples)
-            if concrete:
-                check(status, inputs)
-            need = jnp.where(Plan.overflowed(tape, plan.capacity, plan.log_size), _needed_traced(plan, tape), 0)
-            return (result, status, need), (inputs, tape, status)
+    @staticmethod
+    def _tangents(res_tree: Any, args: Sequence[Any], primal: Callable) -> list:
+        """Forward mode: the result's float tangents, by JAX's jvp of the plain machine."""
+        leaves = tree_util.tree_unflatten(res_tree, args[:res_tree.num_leaves])
+        inputs, dinputs = leaves[0], list(args[res_tree.num_leaves:])
+        zero = tree_map(_zero_tangent, inputs)
+        _, (dresult, _) = jax.jvp(primal, (inputs,), (with_floats(zero, dinputs),))
+        return floats(dresult)
 
-        def bwd(res, cts):
-            inputs, tape, status = res
-            plan, _, backward = self.compiled(used[-1])
-            ct = backward(inputs, tape, floats(cts[0]))
-            failed = status.overflow | status.unfinished
-            overflow = Plan.overflowed(tape, plan.capacity, plan.log_size)
-            out = {}
-            for p, x in inputs.items():
-                if p not in diff_keys:
-                    out[p] = None
-                    continue
-                vals = []
-                for c in ct[p]:
-                    # Failed examples, and a shared input if any failed or the tape overflowed: NaN, never garbage.
-                    bad = (failed.reshape((-1,) + (1,) * (c.ndim - 1)) if p in batched else jnp.any(failed)) | overflow
-                    vals.append(jnp.where(bad, jnp.nan, c))
-                out[p] = _merge_ct(x, vals)
-            return (out,)
 
-        call.defvjp(fwd, bwd)
-        return call(inputs)
+class _Backward:
+    """Reverse mode: the recorded tape replayed backwards, cotangents of the
+    input floats; failed examples (and a shared input if any example failed
+    or the tape overflowed) get NaN, never garbage."""
+
+    def __init__(self, owner: Differentiable, tape_size: int, tape: Any):
+        self.owner, self.tape_size, self.tape = owner, tape_size, tape
+
+    def __call__(self, residuals: tuple, cts: list) -> list:
+        owner = self.owner
+        inputs, status, _, tape = residuals
+        plan, _, backward = owner.compiled(self.tape_size)
+        ct = backward(inputs, tape, cts)
+        failed = status.overflow | status.unfinished
+        overflow = Plan.overflowed(tape, plan.capacity, plan.log_size)
+
+        def masked(p: str, c: jax.Array) -> jax.Array:
+            bad = (row_mask(failed, c) if p in owner.batched else jnp.any(failed)) | overflow
+            return jnp.where(bad, jnp.nan, c)
+
+        # In the inputs' own leaf order (the order of the tangents `linear_call` transposes).
+        return floats({p: with_floats(x, [masked(p, c) for c in ct[p]]) if is_float(x) else x
+                       for p, x in inputs.items()})
 
 
 def _needed_traced(plan: Plan, tape: dict[str, Any]) -> jax.Array:
@@ -171,8 +201,8 @@ def _needed_traced(plan: Plan, tape: dict[str, Any]) -> jax.Array:
     return jnp.maximum(1, -(-per_block // plan.examples))
 
 
-def _merge_ct(x: Any, vals: list) -> Any:
-    """Cotangent tree for input `x`: its float leaves' values, None elsewhere."""
-    leaves, treedef = tree_util.tree_flatten(x)
-    it = iter(vals)
-    return treedef.unflatten([next(it) if is_inexact(a) else None for a in leaves])
+def _zero_tangent(x: Any) -> Any:
+    """A zero tangent of `x` (JAX's float0 for an integer or bool leaf)."""
+    if is_inexact(x):
+        return jnp.zeros(np.shape(x), jnp.result_type(x))
+    return np.zeros(np.shape(x), jax.dtypes.float0)

@@ -7,11 +7,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from pcbatch.ir.core import CONSTANT, INVARIANT, Fork, Join, StackProgram, op_reads, op_writes
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.state import Tape
+from pcbatch.runtime.uninitialized import uninitialized
 from pcbatch.runtime.block import stack_offsets
 from pcbatch.runtime.machine import Machine
 from pcbatch.runtime.pool import PoolMachine
@@ -139,10 +139,10 @@ class Plan:
         return Tape(
             t=jnp.zeros((), idx),
             # Never read before written (padding rows are replaced): uninitialized where the backend allows.
-            log_block=lax.empty((self.log_size,), idx),
-            log_count=lax.empty((self.log_size,), idx),
+            log_block=uninitialized((self.log_size,), idx),
+            log_count=uninitialized((self.log_size,), idx),
             cursor=jnp.zeros((self.prog.num_blocks,), idx),
-            rows={g.index: tree_map(lambda s: lax.empty((rows,) + s.shape, s.dtype), self.row_types(g))
+            rows={g.index: tree_map(lambda s: uninitialized((rows,) + s.shape, s.dtype), self.row_types(g))
                      for g in self.blocks},
             # the event whose value each slot of each float stack holds (none: out of range)
             writer={s: jnp.full((self.depth, self.lanes), self.events[s], idx) for s in self.float_stacks},
