@@ -551,17 +551,23 @@ def _estimate(funcs: list[_Func], depth: int) -> tuple[int, int]:
 
 
 @st.composite
-def programs(draw: Callable, max_stmts: int = SMALL) -> tuple[str, tuple[str, ...], int, tuple[Any, ...]]:
+def programs(draw: Callable, max_stmts: int = SMALL,
+             differentiable: bool = False) -> tuple[str, tuple[str, ...], int, tuple[Any, ...]]:
     """(source, entry parameter kinds, largest input depth, entry in_axes) of a random module.
 
     `max_stmts` bounds the statements drawn per function body (besides the
-    initialisations and the final return); compile time grows with it."""
+    initialisations and the final return); compile time grows with it.
+    `differentiable`: the entry takes a float and returns one (the same draws
+    otherwise, so the other fuzz tests' programs do not change)."""
     n_funcs = draw(st.integers(1, MAX_FUNCS))
     funcs = []
     for j in range(n_funcs):
         n_int = draw(st.integers(1, 2))
-        kinds = ("d",) + ("i",) * n_int + (("f",) if draw(st.integers(0, 3)) == 0 else ())
+        float_in = draw(st.integers(0, 3)) == 0 or (differentiable and j == 0)
+        kinds = ("d",) + ("i",) * n_int + (("f",) if float_in else ())
         ret = draw(st.sampled_from(["i", "i", "ii", "if"]))
+        if differentiable and j == 0:
+            ret = "if"
         has_float = ret == "if" or "f" in kinds or draw(st.integers(0, 3)) == 0
         funcs.append(_Func(f"f{j}", kinds, ret, draw(st.integers(1, 3)), has_float))
     in_axes: tuple[Any, ...] = (0,) * len(funcs[0].kinds)
@@ -603,11 +609,11 @@ def programs(draw: Callable, max_stmts: int = SMALL) -> tuple[str, tuple[str, ..
 
 @st.composite
 def fuzz_cases(draw: Callable, max_stmts: int = SMALL, batch_sizes: tuple[int, ...] = BATCH_SIZES,
-               forks: tuple[bool | str, ...] = (True, "auto")) -> FuzzCase:
+               forks: tuple[bool | str, ...] = (True, "auto"), differentiable: bool = False) -> FuzzCase:
     """A random program and a random batch of inputs for its entry function `f0`,
     run with one of `forks` as its `fork` option (fork-join with 1 or 2
     compiled widths: each width is another compiled copy of every block)."""
-    source, kinds, max_depth, in_axes, defaults = draw(programs(max_stmts))
+    source, kinds, max_depth, in_axes, defaults = draw(programs(max_stmts, differentiable))
     # Few empty batches: they compile nothing, but are a case of their own.
     batch = draw(st.sampled_from(batch_sizes if draw(st.integers(0, 9)) == 0 else
                                  tuple(b for b in batch_sizes if b > 0) or batch_sizes))
