@@ -156,6 +156,7 @@ def _run(n: int, max_stmts: int, forks: tuple[bool | str, ...] = (True, "auto"),
         count[0] += 1
         if count[0] % 500 == 0:
             jax.clear_caches()
+            print(f"fuzz: {count[0]} programs passed", file=sys.stderr, flush=True)  # `make fuzz` runs for hours
 
     test = settings(**options)(given(fuzz_cases(max_stmts, forks=forks))(prop))
     if fixed is not None:
