@@ -313,7 +313,9 @@ class Machine:
         def step(state: MachineState, observe):
             pc = jnp.minimum(state.pc, halt)  # every halted lane looks alike to schedulers
             counts = jnp.zeros((halt,), pc.dtype).at[pc].add(1, mode="drop")
-            block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, state.depth))
+            # Clamped after the reduction: no elementwise pass over the lanes first (a kernel per step).
+            earliest = jnp.minimum(jnp.min(state.pc), halt)
+            block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, state.depth, earliest))
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
             if light:
                 state = self._switch_step(slot[block] if self.heavy else block, block, branches, state)
