@@ -25,9 +25,12 @@ def _live_after_ops(block: Block, live_out: set[str]) -> list[set[str]]:
 
 
 def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out: list[set[str]], keep: set[str],
-                    call_rets: dict[int, str]) -> tuple[Block, ...]:
-    """Rename u to v for each copy `v = u` whose source is used nowhere else and
-    never live at the same time as v. Variables in `keep` are never renamed away.
+                    call_rets: dict[int, str], params: frozenset[str] = frozenset()) -> tuple[Block, ...]:
+    """Rename u to v for each copy `v = u` where u and v never hold different
+    values while both are live: no op writes one while the other is live
+    after it (the copy itself aside). Variables in `keep` are never renamed
+    away. A function parameter in `params` is written by its callers, where no
+    op here shows it, so it is renamed only when the copy is its one use.
 
     A call to g writes `g.<ret>` (`call_rets`) on the edge to its
     continuation, where no op shows it: the other of u, v live across that
@@ -43,13 +46,15 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
     after = [_live_after_ops(b, live_out[i]) for i, b in enumerate(blocks)]
     renames: dict[str, str] = {}
     taken: set[str] = set()
+    exclusive: set[str] = set()
     for i, b in enumerate(blocks):
         for k, op in enumerate(b.ops):
             if not is_copy(op):
                 continue
             (u,), (v,) = op.ins, op.outs
-            if (u == v or uses.get(u) != 1 or u in keep or u in renames or u in taken or v in renames
-                    or u.rpartition(".")[0] != v.rpartition(".")[0]):
+            single = uses.get(u) == 1  # several such copies may merge into one v (`x if c else y`)
+            if (u == v or (not single and (u in params or v in taken)) or v in exclusive or u in keep
+                    or u in renames or u in taken or v in renames or u.rpartition(".")[0] != v.rpartition(".")[0]):
                 continue
             clash = False
             for j, blk in enumerate(blocks):
@@ -63,6 +68,8 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
             if not clash:
                 renames[u] = v
                 taken.add(v)
+                if not single:  # its interference with other sources of v is not checked: v takes no more
+                    exclusive.add(v)
     if not renames:
         return blocks
 

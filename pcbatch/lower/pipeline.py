@@ -61,7 +61,8 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     rets = call_returns(blocks, block_function, ret_var)
     live_in = liveness(blocks, succ, at_exit, call_sites(blocks, block_function, params_of), rets)
     outs = [live_out(i, live_in, succ, at_exit, blocks, rets) for i in range(len(blocks))]
-    blocks = coalesce_copies(blocks, live_in, outs, keep_names, rets)
+    all_params = frozenset(p for ps in params_of.values() for p in ps)
+    blocks = coalesce_copies(blocks, live_in, outs, keep_names, rets, all_params)
     sites = call_sites(blocks, block_function, params_of)
     blocks = insert_saves(blocks, block_function, liveness(blocks, succ, at_exit, sites, rets), params_of)
     blocks = tuple(eliminate_pop_push(b) for b in blocks)
