@@ -124,9 +124,15 @@ def _check(fn, case: FuzzCase) -> None:
 
 
 def _check_empty(fn, case: FuzzCase, args, kwargs) -> None:
-    """0 examples: an empty result shaped like one example's Python result (as jax.vmap gives)."""
+    """0 examples: an empty result shaped like a one-example call's (as jax.vmap gives): the
+    structure and shapes of the Python result, the dtypes pcbatch gives (the join of every
+    path's type, at least as wide as the Python path's)."""
     one = lambda x: np.zeros((1,) + np.shape(x)[1:], np.asarray(x).dtype) if np.ndim(x) else x
     ref = fn.reference(*map(one, args), **{k: one(v) for k, v in kwargs.items()})
+    single = fn(*map(one, args), **{k: one(v) for k, v in kwargs.items()})
+    wide = lambda s, r: jax.numpy.promote_types(s.dtype, r.dtype) == s.dtype  # JAX's lattice: float32 + int32
+    ref = jax.tree_util.tree_map(lambda r, s: np.zeros(np.shape(r), np.asarray(s).dtype)
+                                 if wide(np.asarray(s), np.asarray(r)) else r, ref, single)
     try:
         out = fn(*args, **kwargs)
     except Exception as e:
