@@ -103,7 +103,8 @@ class Row:
     batch: int
     steps: int
     utilization: float       # useful lane-steps / (lanes * steps)
-    gen_s: float
+    gen_s: float              # the plain call f(x): what a user runs
+    checked_s: float          # f.checked(x): also counts each example's blocks (status.blocks_run)
     hand_s: dict[str, float]  # version -> seconds
     py_per_example_s: float
     py_subset: int
@@ -139,10 +140,10 @@ def measure(name: str, f: pcbatch.Autobatched, hands: dict[str, Callable], x: ja
         assert not np.any(np.asarray(ovf))
     util = float(np.sum(np.asarray(status.blocks_run))) / (x.shape[0] * steps)
 
-    times = time_calls({"gen": lambda: f.checked(x), **{v: (lambda h=h: h(x)) for v, h in jitted.items()}},
-                       repeats, min_time)
-    gen_s = times.pop("gen")
-    return Row(name, int(x.shape[0]), steps, util, gen_s, times, py_per_example, k)
+    times = time_calls({"gen": lambda: f(x), "checked": lambda: f.checked(x),
+                        **{v: (lambda h=h: h(x)) for v, h in jitted.items()}}, repeats, min_time)
+    gen_s, checked_s = times.pop("gen"), times.pop("checked")
+    return Row(name, int(x.shape[0]), steps, util, gen_s, checked_s, times, py_per_example, k)
 
 
 # --- trace + compile ---------------------------------------------------------
@@ -361,14 +362,15 @@ def main(argv: list[str] | None = None) -> int:
           "  hand (switch) = whole state through lax.switch, hand (hoisted) = stacks kept out of lax.switch;\n"
           f"  py wall* = f.reference timed on the first {py_subset} examples (or fewer), extrapolated to the batch.")
 
-    print(f"\nTarget: generated <= {RATIO_TARGET}x hand-written at batch {TARGET_BATCH}")
+    print(f"\nTarget: generated (the plain call f(x)) <= {RATIO_TARGET}x hand-written at batch {TARGET_BATCH}")
     for r in rows:
         if r.batch != TARGET_BATCH:
             continue
         for v, hs in r.hand_s.items():
             ratio = r.gen_s / hs
             print(f"  {r.prog:8s} vs hand ({v:7s}): {ratio:5.2f}x   "
-                  f"{'PASS' if ratio <= RATIO_TARGET else 'MISS'}")
+                  f"{'PASS' if ratio <= RATIO_TARGET else 'MISS'}   "
+                  f"(f.checked, which also counts blocks per example: {r.checked_s / hs:.2f}x)")
     if TARGET_BATCH not in batches:
         print(f"  (batch {TARGET_BATCH} not run)")
 

@@ -311,8 +311,9 @@ class Machine:
             return running if max_steps is None else running & (state.steps < max_steps)
 
         def step(state: MachineState, observe):
-            pc = jnp.minimum(state.pc, halt)  # every halted lane looks alike to schedulers
-            counts = jnp.zeros((halt,), pc.dtype).at[pc].add(1, mode="drop")
+            before, depth = state.pc, state.depth
+            pc = jnp.minimum(before, halt)  # every halted lane looks alike to schedulers
+            counts = jnp.zeros((halt,), pc.dtype).at[state.pc].add(1, mode="drop")  # halted lanes dropped
             # Clamped after the reduction: no elementwise pass over the lanes first (a kernel per step).
             earliest = jnp.minimum(jnp.min(state.pc), halt)
             block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, state.depth, earliest))
@@ -321,7 +322,7 @@ class Machine:
                 state = self._switch_step(slot[block] if self.heavy else block, block, branches, state)
             for run_in_place in in_place:
                 state = run_in_place(block, state)
-            new = state._replace(sched=sched, steps=state.steps + 1, depth=state.depth + (pc == block))
+            new = state._replace(sched=sched, steps=state.steps + 1, depth=depth + (before == block))
             return new, {"block": block}
 
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)
