@@ -45,7 +45,9 @@ def tree_walk(pool: int):
         total = 0.0
         r = 0
         while r < reps:
-            total = total + tree(depth, 1.0)
+            # The call reads the running total, so the trips run one after another (no loop fork,
+            # whose launches would depend on the pool): the same steps at every pool.
+            total = total + tree(depth, 1.0 + 0.0 * total)
             r = r + 1
         return total
 
