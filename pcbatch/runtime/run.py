@@ -29,7 +29,12 @@ def workspace_shapes(prog: StackProgram, num_lanes: int, config: MachineConfig) 
 
 
 def new_workspace(prog: StackProgram, num_lanes: int, config: MachineConfig) -> dict[str, Any]:
-    return tree_map(lambda s: jnp.zeros(s.shape, s.dtype), workspace_shapes(prog, num_lanes, config))
+    """Stacks for one run. Their contents are never read before written (a donated workspace
+    holds the last call's), so each is filled with its own value: inside a caller's `jit`,
+    equal fills would be one buffer that XLA copies into every stack (a Tree-LSTM's
+    `[depth, lanes, H]` stacks: hundreds of MB per call)."""
+    leaves, treedef = jax.tree_util.tree_flatten(workspace_shapes(prog, num_lanes, config))
+    return treedef.unflatten([jnp.full(s.shape, k, s.dtype) for k, s in enumerate(leaves)])
 
 
 def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig,
