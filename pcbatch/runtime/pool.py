@@ -131,6 +131,11 @@ class PoolMachine:
         self.forks = {b: blk.term for b, blk in enumerate(blocks) if isinstance(blk.term, Fork)}
         self.launches = {b: [op.call for op in blk.ops if isinstance(op, Launch)] for b, blk in enumerate(blocks)}
         self.launches = {b: calls for b, calls in self.launches.items() if calls}
+        # Blocks that spawn children, that free children's lanes (Join, Collect), and that may end
+        # a child's lane (a Return from its bottom frame, a call that overflows).
+        self.spawners = sorted(set(self.forks) | set(self.launches))
+        self.releasers = [b for b, blk in enumerate(blocks) if any(isinstance(op, (Join, Collect)) for op in blk.ops)]
+        self.finishers = [b for b, blk in enumerate(blocks) if isinstance(blk.term, (Return, PushJump))]
         assert not set(self.launches) & set(self.forks), "a block both launches and forks"
         collects = [sum(isinstance(op, Collect) for op in blk.ops) for blk in blocks]
         self.fan = max([len(t.calls) for t in self.forks.values()] + [len(c) for c in self.launches.values()]
@@ -464,6 +469,36 @@ class PoolMachine:
             return queues._replace(lanes=queues.lanes.at[dest, pos].set(lanes, mode="drop"),
                                    count=queues.count + added)
 
+        def finish(lane, claim, queues, pc, parent, depth):
+            """Children that finished: their parents' pending counts drop, and
+            a parent whose count reaches 0 waits at its join block."""
+            lane = lane.at[parent, col["pending"]].add(-1, mode="drop")
+            # A Join comes after its children's last blocks: its depth (for
+            # the depth/agenda schedulers) is the longest path through them.
+            lane = lane.at[parent, col["depth"]].max(depth, mode="drop")
+            r = jnp.arange(N, dtype=pc.dtype)
+            claim = claim.at[parent].set(r, mode="drop")  # one of the siblings speaks for the parent
+            woke = ((parent < M) & (claim.at[parent].get(mode="fill", fill_value=-1) == r)
+                    & (lane.at[parent, col["pending"]].get(mode="fill", fill_value=1) == 0)
+                    & (pc.at[parent].get(mode="fill", fill_value=0) < 0))  # a launching parent may not wait yet
+            join = -1 - pc.at[parent].get(mode="fill", fill_value=0)
+            dest = jnp.where(woke, join, nb)
+            rank, added = ranks_by(dest, self.joins, nb)
+            queues = enqueue(queues, parent, dest, rank, added)
+            pc = pc.at[jnp.where(woke, parent, M)].set(join, mode="drop")
+            return lane, claim, queues, pc
+
+        def spawn(pc, lane, kid, starts, rows, link):
+            pc = pc.at[kid].set(starts, mode="drop")
+            lane = lane.at[kid].set(rows, mode="drop")
+            return pc, lane.at[link[0], col["sibling"]].set(link[1], mode="drop")
+
+        def release(free: FreeLanes, pc, freed):
+            back = freed < M
+            slot = jnp.where(back, free.top + jnp.cumsum(back, dtype=pc.dtype) - 1, M)
+            free = FreeLanes(free.lanes.at[slot].set(freed, mode="drop"), free.top + jnp.sum(back, dtype=pc.dtype))
+            return free, pc.at[freed].set(self.free, mode="drop")
+
         def step(state: PoolState, observe):
             pc, queues = state.pc, state.queues
             count = queues.count
@@ -502,17 +537,16 @@ class PoolMachine:
             pc_stack = lax.cond(block_in(block, self.pushjumps),
                                 lambda a: a.at[row, ids].set(value, mode="drop"), lambda a: a, state.pc_stack)
             kid = out["spawn_lanes"]
-            pc = pc.at[ids].set(out["pc"], mode="drop").at[kid].set(out["spawn_starts"], mode="drop")
+            pc = pc.at[ids].set(out["pc"], mode="drop")
             queues = enqueue(queues, jnp.concatenate([ids, kid]), out["dest"], out["rank"], out["added"])
-            # Free lanes: a Fork's children were popped off the top; a Join's go back on.
+            # Children spawned (Fork, Launch): their pcs and rows; a launch appends to its parent's
+            # child list (the old last child points on). Only spawning blocks pay for it.
+            pc, lane = lax.cond(block_in(block, self.spawners), spawn, lambda pc, lane, *_: (pc, lane),
+                                pc, lane, kid, out["spawn_starts"], out["spawn_rows"], out["link"])
+            # Free lanes: a Fork's children were popped off the top; a Join's (a Collect's) go back on.
             free_top = free_top - out["used"]
-            freed = out["freed"]
-            back = freed < M
-            slot = jnp.where(back, free_top + jnp.cumsum(back, dtype=pc.dtype) - 1, M)
-            free = FreeLanes(state.free.lanes.at[slot].set(freed, mode="drop"),
-                             free_top + jnp.sum(back, dtype=pc.dtype))
-            pc = pc.at[freed].set(self.free, mode="drop")
-            lane = lane.at[kid].set(out["spawn_rows"], mode="drop")
+            free, pc = lax.cond(block_in(block, self.releasers), release, lambda free, pc, *_: (free, pc),
+                                FreeLanes(state.free.lanes, free_top), pc, out["freed"])
             src, example = out["spawn_rows"][:, col["parent"]], out["spawn_rows"][:, col["example"]]
             for f, term in self.forks.items():
                 regs = lax.cond(block == f, self._spawn_params(term, consts, inv, kid, src, example),
@@ -520,25 +554,10 @@ class PoolMachine:
             for p, (lanes_p, vals) in out["launch_params"].items():
                 regs[p] = lax.cond(block_in(block, self.launch_params[p]), lambda r, l, x: scatter_rows(r, l, x),
                                    lambda r, l, x: r, regs[p], lanes_p, vals)
-            # A launch appends to the parent's child list: its old last child points on.
-            lane = lane.at[out["link"][0], col["sibling"]].set(out["link"][1], mode="drop")
-            # Children that finished: their parents' pending counts drop, and
-            # a parent whose count reaches 0 waits at its join block.
-            parent = out["decrement"]
-            lane = lane.at[parent, col["pending"]].add(-1, mode="drop")
-            # A Join comes after its children's last blocks: its depth (for
-            # the depth/agenda schedulers) is the longest path through them.
-            lane = lane.at[parent, col["depth"]].max(out["lane"][:, col["depth"]], mode="drop")
-            r = jnp.arange(N, dtype=pc.dtype)
-            claim = state.claim.at[parent].set(r, mode="drop")  # one of the siblings speaks for the parent
-            woke = ((parent < M) & (claim.at[parent].get(mode="fill", fill_value=-1) == r)
-                    & (lane.at[parent, col["pending"]].get(mode="fill", fill_value=1) == 0)
-                    & (pc.at[parent].get(mode="fill", fill_value=0) < 0))  # a launching parent may not wait yet
-            join = -1 - pc.at[parent].get(mode="fill", fill_value=0)
-            dest = jnp.where(woke, join, nb)
-            rank, added = ranks_by(dest, self.joins, nb)
-            queues = enqueue(queues, parent, dest, rank, added)
-            pc = pc.at[jnp.where(woke, parent, M)].set(join, mode="drop")
+            # Only blocks that can end a child's lane wake parents: the rest skip this (several kernels).
+            lane, claim, queues, pc = lax.cond(block_in(block, self.finishers), finish, lambda *a: a[:4],
+                                               lane, state.claim, queues, pc, out["decrement"],
+                                               out["lane"][:, col["depth"]])
             new = PoolState(pc=pc, lane=lane, regs=regs, stacks=stacks, pc_stack=pc_stack, queues=queues, free=free,
                             claim=claim, work=work, peak=jnp.maximum(state.peak, M - free.top),
                             steps=state.steps + 1, sched=sched)
