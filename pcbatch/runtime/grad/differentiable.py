@@ -3,7 +3,8 @@
 backwards)."""
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+import functools
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -126,21 +127,19 @@ class Differentiable:
         @call.defjvp
         def jvp(primals, tangents):
             (inputs,), (dinputs,) = primals, tangents
-            (result, status, need), backward = self._record(inputs, check)
-            res_leaves, res_tree = tree_util.tree_flatten((inputs, status, need, backward.tape))
-            dresult = linear_call(Linear(
-                lambda *args: self._tangents(res_tree, args, primal),
-                lambda *args: backward(tree_util.tree_unflatten(res_tree, args[:len(res_leaves)]),
-                                       list(args[len(res_leaves):])),
-                len(res_leaves), [jax.core.ShapedArray(np.shape(x), jnp.result_type(x)) for x in floats(result)],
-            ), res_leaves, floats(dinputs))
+            (result, status, need), tape, tape_size = self._record(inputs, check)
+            residuals, tree = tree_util.tree_flatten((inputs, status, tape))
+            rule = Linear(functools.partial(self._tangents, tree, primal),
+                          functools.partial(self._cotangents, tree, tape_size), len(residuals),
+                          [jax.core.ShapedArray(np.shape(x), jnp.result_type(x)) for x in floats(result)])
+            dresult = linear_call(rule, residuals, floats(dinputs))
             dout = tree_map(_zero_tangent, (result, status, need))
             return (result, status, need), (with_floats(dout[0], dresult), *dout[1:])
 
         return call(inputs)
 
-    def _record(self, inputs: dict[str, Any], check: Callable) -> tuple[tuple[Any, Any, jax.Array], "_Backward"]:
-        """The recorded forward: `(result, status, need)` and what replays its tape."""
+    def _record(self, inputs: dict[str, Any], check: Callable) -> tuple[tuple[Any, Any, jax.Array], Any, int]:
+        """The recorded forward: `(result, status, need)`, the tape, and the tape size it used."""
         plan, forward, _ = self.compiled(self.tape_size)
         result, status, tape = forward(inputs)
         # Eager differentiation sees concrete values (under vmap, e.g. jax.jacrev, the outputs are traced).
@@ -157,36 +156,28 @@ class Differentiable:
         if concrete:
             check(status, inputs)
         need = jnp.where(Plan.overflowed(tape, plan.capacity, plan.log_size), _needed_traced(plan, tape), 0)
-        return (result, status, need.astype(index_dtype())), _Backward(self, plan.capacity // plan.examples, tape)
+        return (result, status, need.astype(index_dtype())), tape, plan.capacity // plan.examples
 
     @staticmethod
-    def _tangents(res_tree: Any, args: Sequence[Any], primal: Callable) -> list:
-        """Forward mode: the result's float tangents, by JAX's jvp of the plain machine."""
-        leaves = tree_util.tree_unflatten(res_tree, args[:res_tree.num_leaves])
-        inputs, dinputs = leaves[0], list(args[res_tree.num_leaves:])
-        zero = tree_map(_zero_tangent, inputs)
-        _, (dresult, _) = jax.jvp(primal, (inputs,), (with_floats(zero, dinputs),))
+    def _tangents(tree: Any, primal: Callable, *args: Any) -> list:
+        """Forward mode (the linear map): the result's float tangents, by JAX's jvp of the plain machine."""
+        inputs, _, _ = tree_util.tree_unflatten(tree, args[:tree.num_leaves])
+        dinputs = list(args[tree.num_leaves:])
+        _, (dresult, _) = jax.jvp(primal, (inputs,), (with_floats(tree_map(_zero_tangent, inputs), dinputs),))
         return floats(dresult)
 
-
-class _Backward:
-    """Reverse mode: the recorded tape replayed backwards, cotangents of the
-    input floats; failed examples (and a shared input if any example failed
-    or the tape overflowed) get NaN, never garbage."""
-
-    def __init__(self, owner: Differentiable, tape_size: int, tape: Any):
-        self.owner, self.tape_size, self.tape = owner, tape_size, tape
-
-    def __call__(self, residuals: tuple, cts: list) -> list:
-        owner = self.owner
-        inputs, status, _, tape = residuals
-        plan, _, backward = owner.compiled(self.tape_size)
-        ct = backward(inputs, tape, cts)
+    def _cotangents(self, tree: Any, tape_size: int, *args: Any) -> list:
+        """Reverse mode (its transpose): the recorded tape replayed backwards, cotangents of
+        the input floats; failed examples (and a shared input if any example failed or the
+        tape overflowed) get NaN, never garbage."""
+        inputs, status, tape = tree_util.tree_unflatten(tree, args[:tree.num_leaves])
+        plan, _, backward = self.compiled(tape_size)
+        ct = backward(inputs, tape, list(args[tree.num_leaves:]))
         failed = status.overflow | status.unfinished
         overflow = Plan.overflowed(tape, plan.capacity, plan.log_size)
 
         def masked(p: str, c: jax.Array) -> jax.Array:
-            bad = (row_mask(failed, c) if p in owner.batched else jnp.any(failed)) | overflow
+            bad = (row_mask(failed, c) if p in self.batched else jnp.any(failed)) | overflow
             return jnp.where(bad, jnp.nan, c)
 
         # In the inputs' own leaf order (the order of the tangents `linear_call` transposes).
