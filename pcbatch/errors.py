@@ -106,9 +106,9 @@ class TapeOverflowError(PcbatchError):
 
 
 class ForwardModeError(PcbatchError, TypeError):
-    """Kept for code that catches it: pcbatch no longer raises it. Every JAX
-    differentiation of an autobatched call works, forward over reverse
-    (`jax.hessian`) and forward mode of a `jit`-compiled caller included."""
+    """Kept for code that catches it: pcbatch no longer raises it. Forward
+    mode works everywhere, forward over reverse (`jax.hessian`) and forward
+    mode of a `jit`-compiled caller included."""
 
     def __init__(self, name: str):
         super().__init__(f"forward-mode differentiation through autobatched `{name}`")

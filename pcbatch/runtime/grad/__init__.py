@@ -79,10 +79,11 @@ and a checkify error names it. Examples that overflowed their stacks or ran
 out of `max_steps` get NaN gradients (a shared parameter: if any did), never
 garbage.
 
-Every JAX transformation composes: forward mode (`jax.jvp`, `jax.jacfwd`,
+JAX's transformations compose: forward mode (`jax.jvp`, `jax.jacfwd`,
 `jax.linearize`, also of a `jit`-compiled caller) evaluates the linear map,
 reverse mode transposes it, forward over reverse (`jax.hessian`) is JAX's jvp
-of the backward loop, `vmap` batches both sides. Eager forward mode alone
+of the backward loop, `vmap` batches both sides. Reverse over reverse would
+transpose the backward `while_loop`, which JAX cannot (its own error). Eager forward mode alone
 skips the tape: `pcbatch/api.py` runs the plain machine under JAX's jvp.
 
 Modules, by job: `floats` (float leaves, the only ones with cotangents),
