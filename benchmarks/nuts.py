@@ -4,7 +4,7 @@
     pip install -e '.[bench,bench-tfp]' # and TensorFlow Probability's autobatched NUTS
     python -m benchmarks.nuts          # both targets, 1, 16, 128, 1024 chains (10-15 minutes on 2 CPU cores)
     python -m benchmarks.nuts --targets gaussian --chains 16,128 --samples 10 --repeats 2
-    python -m benchmarks.nuts --variants last,4   # also pcbatch's other configurations (slower)
+    python -m benchmarks.nuts --variants quorum,4   # also pcbatch's other configurations
 
 Targets (`pcbatch.mcmc.targets`, Radul et al. 2020, section 4): (a) the 100-d
 correlated Gaussian (a fixed random rotation of variances log-spaced in
@@ -22,10 +22,10 @@ on a 2-core CPU under a load of 5-7, most of it compiling and TFP) with
 
 * **pcbatch**: `pcbatch.mcmc.nuts` (recursive single-chain NUTS, autobatched:
   one program for all transitions, so chains desynchronize across
-  trajectories), the sampler's default configuration (`GradientQuorum`: a
-  gradient step once half the running chains wait for one; one leapfrog step
-  per leaf). `--variants` adds `pcbatch/last` (`GradientLast`: every gradient
-  step waits for every running chain) and `pcbatch/4` (4 leapfrogs per leaf
+  trajectories), the sampler's default configuration (`GradientLast`: every
+  gradient step waits for every running chain; one leapfrog step per leaf).
+  `--variants` adds `pcbatch/quorum` (`GradientQuorum`: a gradient step once
+  half the running chains wait for one) and `pcbatch/4` (4 leapfrogs per leaf
   as Radul et al. did: other trajectories, leaves of 4 steps of size step/4);
 * **blackjax**: BlackJAX's iterative NUTS, `jax.vmap` over chains, `lax.scan`
   over transitions, all in one `jax.jit`;
@@ -128,7 +128,7 @@ class Run:
     executed: int | None       # gradient lanes run (None: not counted)
 
 
-PCBATCH_VARIANTS = {"": (1, "gradient_quorum"), "last": (1, "gradient_last"), "4": (4, "gradient_quorum")}
+PCBATCH_VARIANTS = {"": (1, "gradient_last"), "quorum": (1, "gradient_quorum"), "4": (4, "gradient_last")}
 
 
 def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth: int, variant: str) -> Run:
@@ -360,7 +360,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tree-depth", type=int, default=10)
     ap.add_argument("--peers", default=",".join(PEERS), help="of " + ", ".join(PEERS))
-    ap.add_argument("--variants", default="", help="pcbatch configurations besides the default: last, 4")
+    ap.add_argument("--variants", default="", help="pcbatch configurations besides the default: quorum, 4")
     ap.add_argument("--figure", default="nuts_benchmark.png", help="where to save the figure ('' for none)")
     args = ap.parse_args()
     chain_counts = [int(c) for c in args.chains.split(",")]

@@ -1,7 +1,7 @@
 """Where NUTS's VM steps go, block by block (issue 18: <= 1.5 steps per gradient step).
 
     python -m benchmarks.nuts_steps                 # 128 chains, 10 transitions, the 100-d Gaussian (~20 s)
-    python -m benchmarks.nuts_steps --chains 16 --schedule gradient_last
+    python -m benchmarks.nuts_steps --chains 16 --schedule gradient_quorum
 
 Runs `benchmarks.vm_overhead`'s NUTS case (`max_tree_depth` 10, the
 NumPyro/BlackJAX U-turn criterion, fixed step size) under `f.trace` and
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chains", type=int, default=128)
     ap.add_argument("--samples", type=int, default=10)
-    ap.add_argument("--schedule", default="gradient_quorum")
+    ap.add_argument("--schedule", default="gradient_last")
     a = ap.parse_args(argv)
     target = targets.correlated_gaussian(100)
     f = nuts.sampler(target.logdensity, num_samples=a.samples, max_tree_depth=10, uturn_criterion="numpyro",

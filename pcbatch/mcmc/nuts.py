@@ -489,7 +489,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
 
 
 class GradientLast:
-    """A pcbatch scheduler for NUTS: run the earliest ready block, except the
+    """The default NUTS scheduler: run the earliest ready block, except the
     leaf block (the gradient evaluations), which runs only when no lane is
     ready anywhere else. Every lane can always reach its next leaf without
     running a leaf, so each leaf step evaluates the gradient for every chain
@@ -514,14 +514,16 @@ class GradientLast:
 
 
 class GradientQuorum:
-    """The default NUTS scheduler: run the leaf block (the gradient
+    """A NUTS scheduler: run the leaf block (the gradient
     evaluations) once at least `quorum` of the running chains wait there, or
     when nothing else is ready; otherwise the other block with the most
     chains waiting, weighted by how many steps it has waited (so none
     starves). Waiting for every chain (`GradientLast`) makes each gradient
     step wait for the one chain that unwinds the deepest recursion; a quorum
-    lets that chain catch up at the next gradient step instead, for about
-    half the machine steps per gradient at the same utilization."""
+    lets that chain catch up at the next gradient step instead. Measured
+    (`benchmarks/nuts.py`, 2026-11-26): no fewer machine steps per gradient,
+    lower utilization (61% against 81% on the Gaussian at 128 chains) and
+    0.74-1.0x `GradientLast`'s throughput, hence not the default."""
 
     name = "gradient_quorum"
 
@@ -581,7 +583,7 @@ def _cached(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_dept
 def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, target_accept: float = 0.8,
             max_tree_depth: int = 10, leapfrogs_per_leaf: int = 1, max_delta_energy: float = 1000.0,
             uturn_criterion: str = "stan", per_chain_step_size: bool = False,
-            per_chain_mass: bool = False, schedule: Any = "gradient_quorum", adaptation: str = "step_size",
+            per_chain_mass: bool = False, schedule: Any = "gradient_last", adaptation: str = "step_size",
             progress: bool = False) -> pcbatch.Autobatched:
     """The autobatched program `run_chains(positions, keys, noise, step_size, inverse_mass_matrix,
     report_every)` (arguments as `prepare` makes them; options as `sample`'s; `progress`:
@@ -667,7 +669,7 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
            adaptation: str = "step_size", num_chains: int | None = None,
            target_accept: float = 0.8, max_tree_depth: int = 10, leapfrogs_per_leaf: int = 1,
            max_delta_energy: float = 1000.0, uturn_criterion: str = "stan",
-           schedule: Any = "gradient_quorum", progress_bar: bool = False,
+           schedule: Any = "gradient_last", progress_bar: bool = False,
            progress_every: int | None = None) -> NUTSOutput:
     """Run `num_warmup + num_samples` NUTS transitions on each chain, all
     chains in ONE autobatched program (chains never wait for each other at
@@ -704,10 +706,11 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
         merged (sub)tree plus Stan's two extra checks across the seam of the
         merge. "numpyro": NumPyro's and BlackJAX's (one check per merge, the
         end points' momenta counted half), for like-for-like comparisons.
-      schedule: "gradient_quorum" (default, `GradientQuorum`), "gradient_last"
-        (`GradientLast`: every gradient step waits for every running chain),
-        "earliest" (pcbatch's default), or any pcbatch scheduler object.
-        Results do not depend on it.
+      schedule: "gradient_last" (default, `GradientLast`: every gradient step
+        waits for every running chain), "gradient_quorum" (`GradientQuorum`:
+        once half of them wait; measured slower on every target of
+        `benchmarks/nuts.py`), "earliest" (pcbatch's default), or any pcbatch
+        scheduler object. Results do not depend on it.
       progress_bar: show a tqdm bar of the last chain's transitions, fed from
         inside the loop by a host callback every `progress_every` of them
         (default: a tenth). Only one chain reports, so the loop calls the host

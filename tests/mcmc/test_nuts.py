@@ -88,11 +88,12 @@ def test_differential_2d_uturns_and_schedules():
     # Every scheduler gives the same result; gradient-last runs the leaf block
     # only with every unfinished chain there, so it runs it as often as the
     # chain that visits it most (each visit evaluates one or two leaves).
-    quorum = nuts.sampler(LOGP2, num_samples=8, max_tree_depth=6)
-    assert isinstance(quorum.scheduler, nuts.GradientQuorum)
-    assert quorum.scheduler.leaf == nuts.leaf_block(quorum.lowered(*args))
-    last = quorum.with_schedule(nuts.GradientLast(quorum.scheduler.leaf))
+    last = nuts.sampler(LOGP2, num_samples=8, max_tree_depth=6)  # the default scheduler
+    assert isinstance(last.scheduler, nuts.GradientLast)
+    assert last.scheduler.leaf == nuts.leaf_block(last.lowered(*args))
+    quorum = last.with_schedule(nuts.GradientQuorum(last.scheduler.leaf))
     _assert_same(last(*args), ref)
+    _assert_same(quorum(*args), ref)
     _assert_same(quorum.with_schedule("earliest")(*args), ref)
     visits = [t.blocks.count(quorum.scheduler.leaf) for t in quorum.reference_trace(*args)]
     trace = last.trace(*args)  # GradientLast runs the leaf block once for every chain waiting there
