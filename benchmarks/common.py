@@ -107,6 +107,17 @@ def hlo_computations(text: str) -> dict[str, list[str]]:
     return comps
 
 
+def machine_loop(comps: dict[str, list[str]]) -> tuple[str, str] | None:
+    """(condition, body) of the machine's while loop: the one with the largest body."""
+    loops = []
+    for lines in comps.values():
+        for ln in lines:
+            m = re.search(r"\bwhile\(.*condition=%?([\w.\-]+).*body=%?([\w.\-]+)", ln)
+            if m:
+                loops.append((len(comps.get(m.group(2), [])), m.group(1), m.group(2)))
+    return max(loops)[1:] if loops else None
+
+
 def hlo_copy_report(text: str) -> str:
     """Per VM step: bytes moved by `copy` instructions in the while body and
     in each branch of its `conditional` (the `lax.switch`), and scatters."""
@@ -121,14 +132,10 @@ def hlo_copy_report(text: str) -> str:
                 b += _shape_bytes(m.group(1))
         return n, b
 
-    body = None
-    for lines in comps.values():
-        for ln in lines:
-            m = re.search(r"\bwhile\(.*body=%?([\w.\-]+)", ln)
-            if m:
-                body = m.group(1)
-    if body is None or body not in comps:
+    loop = machine_loop(comps)
+    if loop is None or loop[1] not in comps:
         return "no while loop found"
+    body = loop[1]
     branches: list[str] = []
     for ln in comps[body]:
         m = re.search(r"conditional\(.*branch_computations=\{([^}]*)\}", ln)
@@ -159,16 +166,11 @@ def hlo_step_counts(text: str) -> dict[str, dict[str, int]]:
     branch of each). A fusion is one kernel (its inside is not counted);
     `scatter` counts scatter fusions too."""
     comps = hlo_computations(text)
-    loops = []
-    for name, lines in comps.items():
-        for ln in lines:
-            m = re.search(r"\bwhile\(.*condition=%?([\w.\-]+).*body=%?([\w.\-]+)", ln)
-            if m:
-                loops.append((len(comps.get(m.group(2), [])), m.group(1), m.group(2)))
     out = {"every step": dict.fromkeys(_KINDS, 0), "in branches": dict.fromkeys(_KINDS, 0)}
-    if not loops:
+    loop = machine_loop(comps)
+    if loop is None:
         return out
-    _, cond, body = max(loops)
+    cond, body = loop
     seen: set[str] = set()
 
     def walk(name: str, where: str) -> None:
