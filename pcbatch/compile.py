@@ -274,8 +274,10 @@ def measure_fork(target: BoundFunction, callee: Callee, signature: Signature, op
             best[f] = min(best[f], time.perf_counter() - start)
     fork = best[True] < best[False]
     lanes, _ = machine_config(machines[True].prog, signature.local_batch, options)
+    why = ("a loop fork, which pays or not by the data's shape" if machines[True].prog.has_launches
+           else "where the rule cannot tell")
     choice = ForkChoice(fork, f"measured on the first call ({lanes // signature.local_batch} pool lanes per "
-                              f"example, where the rule cannot tell): fork-join {best[True] * 1e3:.3g} ms, one "
+                              f"example, {why}): fork-join {best[True] * 1e3:.3g} ms, one "
                               f"lane per example {best[False] * 1e3:.3g} ms")
     cache.put(("fork choice", signature, False), choice)
     machines[fork].fork_choice = choice
