@@ -29,8 +29,10 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
     """Rename u to v for each copy `v = u` where u and v never hold different
     values while both are live: no op writes one while the other is live
     after it (the copy itself aside). Variables in `keep` are never renamed
-    away. A function parameter in `params` is written by its callers, where no
-    op here shows it, so it is renamed only when the copy is its one use.
+    away, nor are function parameters (`params`): their callers write them
+    where no op here shows it, and the call sites' parameter copies are found
+    by the parameters' names (`stacks.call_sites`; renaming one made the
+    caller save its registers after that copy, not before).
 
     A call to g writes `g.<ret>` (`call_rets`) on the edge to its
     continuation, where no op shows it: the other of u, v live across that
@@ -53,7 +55,7 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
                 continue
             (u,), (v,) = op.ins, op.outs
             single = uses.get(u) == 1  # several such copies may merge into one v (`x if c else y`)
-            if (u == v or (not single and (u in params or v in taken)) or v in exclusive or u in keep
+            if (u == v or u in params or (not single and v in taken) or v in exclusive or u in keep
                     or u in renames or u in taken or v in renames or u.rpartition(".")[0] != v.rpartition(".")[0]):
                 continue
             clash = False

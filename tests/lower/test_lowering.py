@@ -3,6 +3,7 @@ import re
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import pcbatch
 from pcbatch.ir import Peek, Pop, Push, PushJump, Update
@@ -206,3 +207,29 @@ def test_lowered_fork_names_the_function_each_child_calls():
     fork = next(line.strip() for line in listing.splitlines() if line.strip().startswith("fork ["))
     assert re.fullmatch(r"fork \[fib_fork\(n=\w+\) @b0; fib_fork\(n=\w+\) @b0\] join b\d+, else sequential b\d+",
                         fork), fork
+
+
+@pcbatch.autobatch
+def param_copied_then_recursed(d, a, b=0):
+    """`b`'s one use is a copy into a local, and `d` lives across the calls
+    (found by the fuzzer, seed 77): coalescing once renamed the parameter to
+    the local, so the call sites' parameter copies were not recognised and the
+    caller saved `d` after overwriting it with the callee's argument."""
+    v0 = b  # noqa: F841 (unused, as the fuzzer wrote it)
+    a %= 1
+    a = (param_copied_then_recursed(d - 1, d, param_copied_then_recursed(d - 1, d, d)) if d > 0 else d)
+    return abs(d + 0) % 1000
+
+
+@pcbatch.autobatch(in_axes=(0, None, 0))
+def calls_param_copied(d, a, b=0):
+    if d:
+        return (d + (param_copied_then_recursed(d - 1, a=d, b=(d + d)) if d > 0 else d)) % 1000
+    return abs(d + 0) % 1000
+
+
+@pytest.mark.parametrize("fork", [False, True])
+def test_a_parameter_copied_into_a_local_is_not_renamed(fork):
+    d, b = jnp.asarray([4, 0, 1, 3]), jnp.zeros(4, jnp.int32)
+    f = calls_param_copied.with_options(fork=fork)
+    np.testing.assert_array_equal(f(d, a=0, b=b), f.reference(d, a=0, b=b))
