@@ -311,12 +311,12 @@ class Machine:
             return running if max_steps is None else running & (state.steps < max_steps)
 
         def step(state: MachineState, observe):
-            before, depth = state.pc, state.depth
+            before, depth = state.pc, state.depth  # the step changes state.pc; the block count reads this one
             pc = jnp.minimum(before, halt)  # every halted lane looks alike to schedulers
-            counts = jnp.zeros((halt,), pc.dtype).at[state.pc].add(1, mode="drop")  # halted lanes dropped
+            counts = jnp.zeros((halt,), pc.dtype).at[before].add(1, mode="drop")  # halted lanes dropped
             # Clamped after the reduction: no elementwise pass over the lanes first (a kernel per step).
-            earliest = jnp.minimum(jnp.min(state.pc), halt)
-            block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, state.depth, earliest))
+            earliest = jnp.minimum(jnp.min(before), halt)
+            block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, depth, earliest))
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
             if light:
                 state = self._switch_step(slot[block] if self.heavy else block, block, branches, state)

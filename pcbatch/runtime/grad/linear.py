@@ -10,9 +10,10 @@ whose tangent is one `linear_p` equation, linear in the input tangents, with
 * `backward(*residuals, *cotangents)`: the cotangents in, by the recorded tape
   replayed backwards (reverse mode: the transpose rule).
 
-So every JAX entry point composes: reverse mode transposes the equation,
+So JAX's entry points compose: reverse mode transposes the equation,
 forward mode evaluates it, forward over reverse (`jax.hessian`) differentiates
-the backward loop forwards, and `vmap` batches both functions. JAX's own
+the backward loop forwards, and `vmap` batches both functions. Reverse over
+reverse would transpose the backward loop, which JAX cannot. JAX's own
 `custom_derivatives.linear_call` has the same shape but no batching rule
 (`jax.jacfwd` vmaps the tangents), hence this primitive.
 """
