@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU figures of issue 18 (item 5) in one short run, for a lent GPU machine:
+#
+#     bash benchmarks/gpu.sh [SECONDS]     # default 480: every part shares one deadline
+#
+# Each part writes $OUT/NAME.log (or /tmp/pcbatch-gpu/NAME.log) and prints its tail;
+# a part that fails or runs out of time does not stop the next. BlackJAX is used if
+# importable (carry its wheel: benchmarks/README.md, "On a GPU").
+#
+# f32 matrix products run at full precision (JAX_DEFAULT_MATMUL_PRECISION=highest):
+# the benchmarks check pcbatch against the peers at rtol 1e-5, which TF32 misses.
+# Both sides run at the same precision, so the ratios stay fair.
+set -u
+budget=${1:-480}
+start=$(date +%s)
+out=${OUT:-/tmp/pcbatch-gpu}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest
+py=${PYTHON:-python3}
+
+part() {   # part NAME MAX_SECONDS COMMAND...: run with the smaller of its limit and the time left
+    local name=$1 limit=$2; shift 2
+    local left=$(( budget - ($(date +%s) - start) ))
+    (( left < limit )) && limit=$left
+    if (( limit < 15 )); then echo "== $name: skipped (no time left)"; return; fi
+    echo "== $name (limit ${limit}s): $*"
+    local t0=$(date +%s)
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    echo "-- $name: rc=$? in $(( $(date +%s) - t0 ))s"
+    tail -n "${TAIL:-30}" "$out/$name.log"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+part smoke 120 "$py" -m benchmarks.gpu_smoke
+[ -s "$out/smoke.log" ] && grep -q "smoke ok" "$out/smoke.log" || { echo "smoke failed: stopping"; exit 1; }
+
+part nuts_gaussian 170 "$py" -m benchmarks.nuts --targets gaussian --chains 1,16,128,1024,4096 --peers blackjax --repeats 3 --figure ''
+part treelstm 120 "$py" -m benchmarks.treelstm --batches 64,256,1024 --hiddens 64,128 --repeats 3
+part nuts_logistic 100 "$py" -m benchmarks.nuts --targets logistic --chains 128,1024 --peers blackjax --repeats 3 --figure ''
+part vm_overhead 50 "$py" -m benchmarks.vm_overhead --quick --skip-compile --skip-hlo
+part step_hlo 50 "$py" -m benchmarks.step_hlo
+# what time is left: is pcbatch right on the GPU too? (the differential fuzz and the API tests)
+part tests 150 env JAX_PLATFORMS=cuda XLA_FLAGS= "$py" -m pytest -q -x -p no:cacheprovider -n 4 tests/fuzz/test_fuzz.py tests/fuzz/test_fuzz_forked.py tests/core/test_api.py
+echo "== done in $(( $(date +%s) - start ))s"
