@@ -26,7 +26,9 @@ on a 2-core CPU under a load of 5-7, most of it compiling and TFP) with
   gradient step waits for every running chain; one leapfrog step per leaf).
   `--variants` adds `pcbatch/quorum` (`GradientQuorum`: a gradient step once
   half the running chains wait for one) and `pcbatch/4` (4 leapfrogs per leaf
-  as Radul et al. did: other trajectories, leaves of 4 steps of size step/4);
+  as Radul et al. did: other trajectories, leaves of 4 steps of size step/4)
+  and `pcbatch/nofollow` (`GradientLast(follow=False)`: every control block
+  between two gradient steps a VM step of its own, as before 2026-11-26);
 * **blackjax**: BlackJAX's iterative NUTS, `jax.vmap` over chains, `lax.scan`
   over transitions, all in one `jax.jit`;
 * **numpyro**: NumPyro's iterative NUTS kernel (`numpyro.infer.NUTS` on a
@@ -128,18 +130,26 @@ class Run:
     executed: int | None       # gradient lanes run (None: not counted)
 
 
-PCBATCH_VARIANTS = {"": (1, "gradient_last"), "quorum": (1, "gradient_quorum"), "4": (4, "gradient_last")}
+PCBATCH_VARIANTS = {"": (1, "gradient_last"), "quorum": (1, "gradient_quorum"), "4": (4, "gradient_last"),
+                    "nofollow": (1, "gradient_last_nofollow")}
 
 
 def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth: int, variant: str) -> Run:
     lpl, schedule = PCBATCH_VARIANTS[variant]
-    prog = nuts.sampler(p.target.logdensity, num_samples=samples, max_tree_depth=depth, leapfrogs_per_leaf=lpl,
-                        uturn_criterion="numpyro", schedule=schedule)
+    make = functools.partial(nuts.sampler, p.target.logdensity, num_samples=samples, max_tree_depth=depth,
+                             leapfrogs_per_leaf=lpl, uturn_criterion="numpyro")
     args = nuts.prepare(x0, keys, p.step_size / lpl, None, samples)[0]
+    if schedule == "gradient_last_nofollow":   # each control block a step of its own (before 2026-11-26)
+        schedule = nuts.GradientLast(nuts.leaf_block(make().lowered(*args)), follow=False)
+    prog = make(schedule=schedule)
     out, status = prog.checked(*args)
     if np.any(np.asarray(status.overflow)) or np.any(np.asarray(status.unfinished)):
         raise RuntimeError("pcbatch: a chain overflowed its stacks or did not finish")
-    trace = prog.trace(*args, steps=int(status.steps))  # the same run, each step's block recorded in the loop
+    # The same run, each step's block recorded in the loop. A trace runs no
+    # follow blocks (each is a step there), but GradientLast's leaf steps, and
+    # the lanes in them, are the same with and without them.
+    # (Each traced step runs a block for at least one lane: the blocks all lanes ran bound them.)
+    trace = prog.trace(*args, steps=int(np.sum(np.asarray(status.blocks_run))))
     leaf = nuts.leaf_block(prog.lowered(*args))
     executed = int(np.sum(trace.blocks == leaf)) * x0.shape[0] * lpl * 2   # two leaves per leaf block
     return Run(lambda: prog.checked(*args), int(np.asarray(out.info.num_integration_steps).sum()), executed)
@@ -360,7 +370,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tree-depth", type=int, default=10)
     ap.add_argument("--peers", default=",".join(PEERS), help="of " + ", ".join(PEERS))
-    ap.add_argument("--variants", default="", help="pcbatch configurations besides the default: quorum, 4")
+    ap.add_argument("--variants", default="", help="pcbatch configurations besides the default: quorum, 4, nofollow")
     ap.add_argument("--figure", default="nuts_benchmark.png", help="where to save the figure ('' for none)")
     args = ap.parse_args()
     chain_counts = [int(c) for c in args.chains.split(",")]

@@ -30,6 +30,7 @@ from pcbatch.errors import OptionError
 from pcbatch.fsm.base import Auto, Fair, Frontier, ReturnsLast, Scheduler, bind
 from pcbatch.fsm.baselines import BASELINES, Agenda, Depth, Earliest
 from pcbatch.fsm.policy import Policy
+from pcbatch.ir.flow import follow_order
 
 if TYPE_CHECKING:
     from pcbatch.fsm.graph import ExecGraph
@@ -93,5 +94,5 @@ def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000,
 
 __all__ = [
     "Agenda", "Auto", "Depth", "Earliest", "Fair", "ReturnsLast", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule",
-    "Scheduler", "Simulation", "get_scheduler", "learn", "learn_from_graphs", "lower_bound", "record", "simulate",
+    "Scheduler", "Simulation", "follow_order", "get_scheduler", "learn", "learn_from_graphs", "lower_bound", "record", "simulate",
 ]

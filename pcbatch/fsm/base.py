@@ -36,7 +36,13 @@ class Frontier(NamedTuple):
 
 class Scheduler(Protocol):
     """Chooses the next block. `choose` must return a block with counts > 0
-    whenever any count is positive."""
+    whenever any count is positive.
+
+    A scheduler may also name `follow`: blocks the plain machine runs after
+    the chosen one in every step, in that order, each for the lanes waiting
+    at it then (a lane can pass through several in one step). Cheap control
+    blocks between two expensive ones then cost no steps of their own
+    (`pcbatch.ir.flow.follow_order` gives an order)."""
 
     def init(self, num_blocks: int, num_lanes: int) -> Any: ...
 
@@ -137,6 +143,10 @@ class Fair:
 
     def init(self, num_blocks: int, num_lanes: int) -> Any:
         return self.inner.init(num_blocks, num_lanes), jnp.zeros(num_blocks, jnp.int32)
+
+    @property
+    def follow(self) -> tuple[int, ...]:
+        return tuple(getattr(self.inner, "follow", ()))
 
     def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:
         inner_carry, waited = carry

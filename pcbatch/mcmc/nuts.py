@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pcbatch
+from pcbatch.fsm import follow_order
 from pcbatch.mcmc import _random, adaptation as _adaptation
 
 __all__ = ["GradientLast", "NUTSInfo", "NUTSOutput", "sample", "sampler"]
@@ -494,12 +495,25 @@ class GradientLast:
     ready anywhere else. Every lane can always reach its next leaf without
     running a leaf, so each leaf step evaluates the gradient for every chain
     that has not finished all its transitions: the batch synchronizes on
-    gradients only, across trajectory and transition boundaries."""
+    gradients only, across trajectory and transition boundaries.
+
+    With `follow` (the default) every step also runs the other blocks once
+    each, in the order a lane leaves the leaf (`pcbatch.ir.flow.follow_order`),
+    for the lanes waiting at them: a chain returns, joins its subtree and
+    calls the next one in the step of its gradient, not in steps of their own.
+    """
 
     name = "gradient_last"
 
-    def __init__(self, leaf: int):
-        self.leaf = int(leaf)
+    def __init__(self, leaf: int, follow: bool = True):
+        self.leaf, self.follows = int(leaf), bool(follow)
+        self.follow: tuple[int, ...] = ()  # the blocks, once bound to a program
+
+    def for_program(self, prog: Any) -> "GradientLast":
+        bound = GradientLast(self.leaf, self.follows)
+        if self.follows:
+            bound.follow = follow_order(prog.blocks, self.leaf)
+        return bound
 
     def init(self, num_blocks: int, num_lanes: int) -> Any:
         return ()
@@ -510,7 +524,7 @@ class GradientLast:
         return jnp.where(other < num_blocks, other, self.leaf), carry
 
     def __repr__(self) -> str:
-        return f"GradientLast(leaf=b{self.leaf})"
+        return f"GradientLast(leaf=b{self.leaf}{'' if self.follows else ', follow=False'})"
 
 
 class GradientQuorum:

@@ -237,7 +237,8 @@ class Machine:
         return sorted(reads | writes), sorted(writes), sorted(popped), sorted(pushed)
 
     def block_cond(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
-        """`state -> state`: block b run in place when it is the chosen block."""
+        """`(run_it, state) -> state`: block b run in place, for the lanes
+        waiting at it, where the scalar `run_it` is true."""
         run, lanes = self.block_fn(b, consts, inv), self.lane_ids
         regs_in, regs_out, popped, pushed = self._footprint(b)
         term = self.prog.blocks[b].term
@@ -277,14 +278,14 @@ class Machine:
                     out[k] = sub[k]
             return out
 
-        def step(block: jax.Array, state: MachineState) -> MachineState:
+        def step(run_it: jax.Array, state: MachineState) -> MachineState:
             sub = {"pc": state.pc, "regs": {v: state.regs[v] for v in regs_in},
                    "sps": {s: state.sps[s] for s in stacks_in},
                    "stacks": {s: state.stacks[s] for s in stacks_in}}
             if pc_read or pc_write:
                 sub["pc_sp"] = state.pc_sp
                 sub["pc_stack"] = state.pc_stack
-            out = lax.cond(block == b, true_fn, false_fn, sub)
+            out = lax.cond(run_it, true_fn, false_fn, sub)
             return state._replace(pc=out["pc"], regs={**state.regs, **out["regs"]}, sps={**state.sps, **out["sps"]},
                                   stacks={**state.stacks, **out["stacks"]},
                                   pc_sp=out.get("pc_sp", state.pc_sp), pc_stack=out.get("pc_stack", state.pc_stack))
@@ -303,7 +304,11 @@ class Machine:
             branches.append(self._noop_branch())
             slot = jnp.asarray([light.index(b) if b in light else len(light)
                                 for b in range(self.prog.num_blocks)] + [len(light)], index_dtype())
-        in_place = [self.block_cond(b, consts, inv) for b in sorted(self.heavy)]
+        in_place = [(b, self.block_cond(b, consts, inv)) for b in sorted(self.heavy)]
+        # Blocks run after the chosen one (`Scheduler.follow`); not while
+        # recording, whose tape holds one block per step.
+        follow = [(b, self.block_cond(b, consts, inv))
+                  for b in (getattr(self.scheduler, "follow", ()) if recorder is None else ())]
         halt, max_steps = self.halt, self.max_steps
 
         def cond(state: MachineState):
@@ -320,9 +325,14 @@ class Machine:
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
             if light:
                 state = self._switch_step(slot[block] if self.heavy else block, block, branches, state)
-            for run_in_place in in_place:
-                state = run_in_place(block, state)
-            new = state._replace(sched=sched, steps=state.steps + 1, depth=depth + (before == block))
+            for b, run_in_place in in_place:
+                state = run_in_place(block == b, state)
+            depth = depth + (before == block)
+            for b, run_in_place in follow:
+                here = state.pc == b
+                depth = depth + here
+                state = run_in_place(jnp.any(here), state)
+            new = state._replace(sched=sched, steps=state.steps + 1, depth=depth)
             return new, {"block": block}
 
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)

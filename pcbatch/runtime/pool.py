@@ -42,17 +42,16 @@ from pcbatch.ir.core import (
     REGISTER,
     STACKED,
     Await,
-    Branch,
     Collect,
     Fork,
     Join,
-    Jump,
     Launch,
     PushJump,
     Return,
     StackProgram,
     op_writes,
 )
+from pcbatch.ir.flow import lane_successors, return_targets
 from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.state import FreeLanes, PoolState, Queues
@@ -78,24 +77,6 @@ def ranks_by(dest: jax.Array, targets: list[int], num_blocks: int) -> tuple[jax.
         rank = jnp.where(here, before - 1, rank)
         added = added.at[t].set(before[-1])
     return rank, added
-
-
-def successors(term: Any, return_targets: list[int]) -> list[int]:
-    """The blocks a lane can go to next from `term` and wait there (a Fork's
-    children and a blocked parent are queued separately)."""
-    if isinstance(term, Jump):
-        return [term.target]
-    if isinstance(term, Branch):
-        return [term.true, term.false]
-    if isinstance(term, PushJump):
-        return [term.target]
-    if isinstance(term, Return):
-        return list(return_targets)
-    if isinstance(term, Fork):
-        return [term.seq]
-    if isinstance(term, Await):
-        return [term.target] if term.cond is None else [term.target, term.false]
-    return []
 
 
 def _groups(writers: dict[str, list[int]]) -> list[tuple[list[int], list[str]]]:
@@ -148,11 +129,11 @@ class PoolMachine:
                     if p in self.stored and b not in self.launch_params.setdefault(p, []):
                         self.launch_params[p].append(b)
         # Where a Return can go: any call's return address (the popped pc).
-        self.return_targets = sorted({blk.term.ret for blk in blocks if isinstance(blk.term, PushJump)})
+        self.return_targets = return_targets(blocks)
         self.reg_groups = _groups({v: self.writers[v] for v in self.stored if self.writers[v]})
         self.stack_groups = _groups({s: self.stack_writers[s] for s in self.stacks})
         self.joins = sorted({t.join for t in self.forks.values()}
-                            | {t for blk in blocks if isinstance(blk.term, Await) for t in successors(blk.term, [])})
+                            | {t for blk in blocks if isinstance(blk.term, Await) for t in lane_successors(blk.term, [])})
         self._columns()
 
     # --- state -----------------------------------------------------------
@@ -394,7 +375,7 @@ class PoolMachine:
 
             # Queue every lane that waits somewhere next: the rows at their
             # new pcs, then a Fork's children at their entries.
-            targets = successors(term, self.return_targets)
+            targets = lane_successors(term, self.return_targets)
             if isinstance(term, Fork):
                 targets = targets + [c.target for c in term.calls]
             targets = targets + [c.target for c in self.launches.get(b, [])]

@@ -74,11 +74,13 @@ def _mismatch(out, ref) -> str | None:
     return None
 
 
-def check_case(case: FuzzCase) -> None:
-    """Autobatched result == `.reference(...)` (ints exactly, floats allclose)."""
+def check_case(case: FuzzCase, adapt=None) -> None:
+    """Autobatched result == `.reference(...)` (ints exactly, floats allclose);
+    `adapt` may change the autobatched function first (e.g. its schedule)."""
     module = _load(case.source)
     try:
-        _check(getattr(module, case.entry), case)
+        fn = getattr(module, case.entry)
+        _check(adapt(fn) if adapt else fn, case)
     finally:
         _unload(module)
 
@@ -144,7 +146,8 @@ def _check_empty(fn, case: FuzzCase, args, kwargs) -> None:
         raise AssertionError(f"empty batch: got {got}, expected {want}\n" + case.describe())
 
 
-def _run(n: int, max_stmts: int, forks: tuple[bool | str, ...] = (True, "auto"), chunk: int | None = None) -> int:
+def _run(n: int, max_stmts: int, forks: tuple[bool | str, ...] = (True, "auto"), chunk: int | None = None,
+         adapt=None) -> int:
     """Check `n` random programs, each run with one of `forks`; returns how
     many ran. `chunk` k draws the k-th fixed sequence of programs (the default
     sequence is derandomized; `PCBATCH_FUZZ_SEED` replaces either)."""
@@ -158,7 +161,7 @@ def _run(n: int, max_stmts: int, forks: tuple[bool | str, ...] = (True, "auto"),
         options["derandomize"] = False
 
     def prop(case: FuzzCase) -> None:
-        check_case(case)
+        check_case(case, adapt)
         count[0] += 1
         if count[0] % 500 == 0:
             jax.clear_caches()

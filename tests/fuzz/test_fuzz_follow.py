@@ -1,0 +1,63 @@
+"""The random-program differential test (`test_fuzz.py`) on the plain machine
+with every block a follow block (`Scheduler.follow`): each step runs the
+chosen block and then every other block once, in `follow_order`, for the lanes
+waiting at it. The results must not change; a lane then often runs several
+blocks in one step (calls, returns, stack pushes and pops included)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import pcbatch
+from pcbatch.fsm import Earliest, follow_order
+
+from .generator import LARGE, SMALL
+from .test_fuzz import _examples, _run
+
+
+class FollowAll(Earliest):
+    """`Earliest`, and every block reachable from the entry as a follow block."""
+
+    follow: tuple[int, ...] = ()
+
+    def for_program(self, prog):
+        bound = FollowAll()
+        bound.follow = follow_order(prog.blocks, prog.entry_block)
+        return bound
+
+
+def following(fn):
+    return fn.with_options(fork=False).with_schedule(FollowAll())
+
+
+def test_follow_order_is_a_valid_permutation():
+    """Every block reachable after the start appears once, the start not at all."""
+    import jax.numpy as jnp
+
+    @pcbatch.autobatch(fork=False)
+    def fib(n):
+        return n if n <= 1 else fib(n - 1) + fib(n - 2)
+
+    prog = fib.lowered(jnp.arange(3))
+    for start in range(prog.num_blocks):
+        order = follow_order(prog.blocks, start)
+        assert start not in order and len(set(order)) == len(order)
+        assert set(order) <= set(range(prog.num_blocks))
+
+
+def test_fuzz_follow_programs():
+    """`make test`: 12 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` / 8)."""
+    n = max(1, _examples(96) // 8)
+    ran = _run(n, SMALL, forks=(False,), chunk=20, adapt=following)
+    print(f"fuzz (follow): {ran} programs", file=sys.stderr)
+    assert ran >= n, f"only {ran} of {n} generated programs ran"
+
+
+@pytest.mark.slow
+def test_fuzz_follow_long():
+    """`make fuzz`: PCBATCH_FUZZ_EXAMPLES / 10 large programs with every block followed."""
+    n = max(1, _examples(10_000) // 10)
+    ran = _run(n, LARGE, forks=(False,), chunk=21, adapt=following)
+    print(f"fuzz (follow): {ran} programs", file=sys.stderr)
+    assert ran >= n, f"only {ran} of {n} generated programs ran"
