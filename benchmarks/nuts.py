@@ -1,18 +1,25 @@
-"""Useful gradient evaluations per second of NUTS across many chains (issue 7).
+"""Useful gradient evaluations per second of NUTS across many chains (issues 7 and 18).
 
     pip install -e '.[bench]'          # BlackJAX, NumPyro, matplotlib
     pip install -e '.[bench,bench-tfp]' # and TensorFlow Probability's autobatched NUTS
     python -m benchmarks.nuts          # both targets, 1, 16, 128, 1024 chains (10-15 minutes on 2 CPU cores)
     python -m benchmarks.nuts --targets gaussian --chains 16,128 --samples 10 --repeats 2
     python -m benchmarks.nuts --variants quorum,4   # also pcbatch's other configurations
+    python -m benchmarks.nuts --targets student_t,eight_schools,funnel,funnel_centered --chains 16,128 --peers blackjax
 
 Targets (`pcbatch.mcmc.targets`, Radul et al. 2020, section 4): (a) the 100-d
 correlated Gaussian (a fixed random rotation of variances log-spaced in
 [0.1, 1]), chains started from exact draws; (b) Bayesian logistic regression,
 100 regressors and 10,000 synthetic points, chains started from draws of the
 posterior's Laplace approximation (near stationarity, so no warm-up is needed
-in the timed calls). Fixed step size (the Gaussian 0.15; the regression 0.1,
-about what dual averaging to 0.8 acceptance finds), identity mass matrix,
+in the timed calls). Issue 18's: (c) a 50-d Student-t with 3 degrees of
+freedom, from exact draws, step 0.5; (d) eight schools, non-centered, from
+where 100 transitions of pcbatch's NUTS end, step 0.5; (e) Neal's funnel,
+10-d, non-centered (the sampler sees N(0, I)), exact draws, step 0.8; (f)
+the same funnel centered (scale 3), exact draws, at the small fixed step
+0.1 (where chains desynchronize most: in the neck a trajectory takes 1023
+steps). Fixed step size (the Gaussian 0.15; the regression 0.1, about what
+dual averaging to 0.8 acceptance finds; (c)-(e) about that too), identity mass matrix,
 `max_tree_depth` 10, the NumPyro/BlackJAX U-turn criterion, no adaptation.
 For each number of chains it times (compilation excluded; median of
 `--repeats`, each at least 0.2 s of calls, the peers round-robin) `--samples`
@@ -60,6 +67,11 @@ executed = chains x sum over transitions of the longest trajectory (a lower
 bound: a doubling's inner loop also waits for its slowest chain). TFP's is not
 counted.
 
+At the most chains BlackJAX ran, each target's posterior means and variances
+from one call's draws are compared with BlackJAX's and with the truth where
+known (the Gaussian, the Student-t, the funnels' v): the largest |z| over the
+coordinates, standard errors from the spread of the chains' own estimates.
+
 The figure (`--figure`): per target, useful gradients/s and utilization
 against the number of chains.
 """
@@ -91,15 +103,67 @@ class Problem:
     target: targets.Target
     step_size: float
     samples: int          # default transitions per chain per timed call
+    start: Callable[[int], np.ndarray] | None = None   # chains -> exact draws (or near-stationary points)
+    truth: tuple[np.ndarray, np.ndarray] | None = None  # each coordinate's mean and variance, where known
+
+
+def _student_t_draws(dim: int, df: float) -> Callable[[int], np.ndarray]:
+    def draws(chains: int) -> np.ndarray:
+        rng = np.random.default_rng(chains)
+        return rng.standard_normal((chains, dim)) / np.sqrt(rng.chisquare(df, (chains, 1)) / df)
+    return draws
+
+
+def _funnel_draws(dim: int, scale: float) -> Callable[[int], np.ndarray]:
+    def draws(chains: int) -> np.ndarray:
+        rng = np.random.default_rng(chains)
+        v = scale * rng.standard_normal((chains, 1))
+        return np.concatenate([v, np.exp(v / 2) * rng.standard_normal((chains, dim - 1))], axis=1)
+    return draws
+
+
+def _pilot_draws(name: str) -> Callable[[int], np.ndarray]:
+    """Where 100 transitions of pcbatch's NUTS from N(0, 0.25 I) end (no exact draws)."""
+    def draws(chains: int) -> np.ndarray:
+        p = problem(name)
+        x = jnp.asarray(0.5 * np.random.default_rng(chains).standard_normal((chains, p.target.dim)), jnp.float32)
+        out = nuts.sample(p.target.logdensity, x, jax.random.split(jax.random.PRNGKey(chains + 7), chains),
+                          step_size=p.step_size, num_samples=100, uturn_criterion="numpyro")
+        return np.asarray(out.position[:, -1])
+    return draws
+
+
+@functools.lru_cache(maxsize=None)
+def _standard_normal(dim: int) -> targets.Target:
+    """Neal's funnel non-centered: `[v, x] = [scale z0, exp(v / 2) z[1:]]` with z ~ N(0, I): the sampler sees z."""
+    return targets.Target(lambda z: -0.5 * jnp.sum(z * z), dim, mean=np.zeros(dim), cov=np.eye(dim))
 
 
 def problem(name: str) -> Problem:
     if name == "gaussian":
-        return Problem(name, "100-d correlated Gaussian", targets.correlated_gaussian(100), 0.15, 10)
+        t = targets.correlated_gaussian(100)
+        return Problem(name, "100-d correlated Gaussian", t, 0.15, 10, truth=(t.mean, np.diag(t.cov)))
     if name == "logistic":
         return Problem(name, "logistic regression, 100 regressors, 10,000 points",
                        targets.logistic_regression(100, 10_000), 0.1, 5)
-    raise ValueError(f"unknown target {name!r} (gaussian, logistic)")
+    if name == "student_t":   # every coordinate t(3): variance 3
+        return Problem(name, "50-d Student-t, 3 degrees of freedom", targets.student_t(50, 3.0), 0.5, 10,
+                       _student_t_draws(50, 3.0), (np.zeros(50), np.full(50, 3.0)))
+    if name == "eight_schools":
+        return Problem(name, "eight schools, non-centered", targets.eight_schools(), 0.5, 10,
+                       _pilot_draws(name))
+    if name == "funnel":      # the sampler's coordinates are N(0, I)
+        return Problem(name, "Neal's funnel, 10-d, non-centered", _standard_normal(10), 0.8, 10,
+                       lambda chains: np.random.default_rng(chains).standard_normal((chains, 10)),
+                       (np.zeros(10), np.ones(10)))
+    if name == "funnel_centered":   # v ~ N(0, 9); the x's have variance E[e^v] = e^4.5 (not compared)
+        return Problem(name, "Neal's funnel, 10-d, centered (scale 3), small fixed step",
+                       targets.funnel(10, 3.0), 0.1, 10, _funnel_draws(10, 3.0),
+                       (np.zeros(1), np.full(1, 9.0)))
+    raise ValueError(f"unknown target {name!r} ({', '.join(TARGET_NAMES)})")
+
+
+TARGET_NAMES = ("gaussian", "logistic", "student_t", "eight_schools", "funnel", "funnel_centered")
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,7 +179,14 @@ def _laplace(name: str) -> tuple[np.ndarray, np.ndarray]:
     return w, np.linalg.inv(-at(hess, w))
 
 
+@functools.lru_cache(maxsize=None)
+def _start(name: str, chains: int) -> np.ndarray:
+    return np.asarray(problem(name).start(chains), np.float32)
+
+
 def start_positions(p: Problem, chains: int) -> jax.Array:
+    if p.start is not None:
+        return jnp.asarray(_start(p.name, chains))
     if p.target.cov is not None:
         return p.target.draws(chains, seed=chains)
     mode, cov = _laplace(p.name)
@@ -128,6 +199,7 @@ class Run:
     fn: Callable[[], Any]      # one timed call
     useful: int                # gradient evaluations the trajectories need
     executed: int | None       # gradient lanes run (None: not counted)
+    positions: np.ndarray | None = None   # one call's draws, [chains, transitions, dim]
 
 
 PCBATCH_VARIANTS = {"": (1, "gradient_last"), "quorum": (1, "gradient_quorum"), "4": (4, "gradient_last"),
@@ -152,13 +224,15 @@ def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth:
     trace = prog.trace(*args, steps=int(np.sum(np.asarray(status.blocks_run))))
     leaf = nuts.leaf_block(prog.lowered(*args))
     executed = int(np.sum(trace.blocks == leaf)) * x0.shape[0] * lpl * 2   # two leaves per leaf block
-    return Run(lambda: prog.checked(*args), int(np.asarray(out.info.num_integration_steps).sum()), executed)
+    return Run(lambda: prog.checked(*args), int(np.asarray(out.info.num_integration_steps).sum()), executed,
+               np.asarray(out.position))
 
 
-def _vmapped(fn: Callable[[], Any], steps: np.ndarray) -> Run:
+def _vmapped(fn: Callable[[], Any], steps: np.ndarray, positions: np.ndarray | None = None) -> Run:
     """A vmapped sampler's run from its `[transitions, chains]` gradient counts:
     each transition runs until its slowest chain is done."""
-    return Run(fn, int(steps.sum()), int(steps.max(axis=1).sum()) * steps.shape[1])
+    return Run(fn, int(steps.sum()), int(steps.max(axis=1).sum()) * steps.shape[1],
+               None if positions is None else np.swapaxes(positions, 0, 1))
 
 
 def blackjax_run(p: Problem, x0: jax.Array, samples: int, depth: int) -> Run:
@@ -174,7 +248,8 @@ def blackjax_run(p: Problem, x0: jax.Array, samples: int, depth: int) -> Run:
         return jax.lax.scan(one, jax.vmap(kernel.init)(x0), jax.random.split(key, samples))[1]
 
     fn = lambda: run(x0, jax.random.PRNGKey(1))
-    return _vmapped(fn, np.asarray(fn()[1]))
+    positions, steps = fn()
+    return _vmapped(fn, np.asarray(steps), np.asarray(positions))
 
 
 def numpyro_run(p: Problem, x0: jax.Array, samples: int, depth: int) -> Run:
@@ -204,6 +279,8 @@ def numpyro_run(p: Problem, x0: jax.Array, samples: int, depth: int) -> Run:
 def _tf_logdensity(p: Problem, tf: Any) -> Callable:
     """The target's log density in TensorFlow, batched over chains (`[chains, dim] -> [chains]`)."""
     d = p.target.data
+    if p.name not in ("gaussian", "logistic"):
+        raise NotImplementedError(f"no TensorFlow log density for {p.name}")
     if p.name == "gaussian":
         prec = tf.constant(d["precision"])
         return lambda x: -0.5 * tf.reduce_sum(x * tf.linalg.matmul(x, prec), axis=-1)
@@ -267,11 +344,18 @@ def available_peers(wanted: list[str]) -> list[str]:
     return found
 
 
-# The issue's targets, against pcbatch's default configuration:
-# (chains, peer, least ratio of useful gradients/s).
-THROUGHPUT_TARGETS = ((128, "tfp", 10.0), (128, "blackjax", 2.0), (128, "limit", 0.4), (1, "blackjax", 0.5))
+# Issues 7 and 18's targets, against pcbatch's default configuration, per
+# target: (chains, peer, least ratio of useful gradients/s).
+THROUGHPUT_TARGETS = {
+    "gaussian": ((128, "tfp", 10.0), (128, "blackjax", 3.0), (128, "limit", 0.4), (16, "blackjax", 1.0),
+                 (1, "blackjax", 0.8)),
+    "logistic": ((128, "blackjax", 0.95),),
+    "student_t": ((128, "blackjax", 4.0), (16, "blackjax", 1.0)),
+    "eight_schools": ((128, "blackjax", 2.0), (16, "blackjax", 1.0)),
+    "funnel": ((128, "blackjax", 2.0), (16, "blackjax", 1.0)),
+    "funnel_centered": ((128, "blackjax", 1.0), (16, "blackjax", 1.0)),
+}
 UTILIZATION_TARGET = (128, 2.0)   # pcbatch's utilization over the vmapped samplers', at that many chains
-
 Results = dict[int, dict[str, tuple[float, Run, float]]]   # chains -> name -> (useful/s, run, seconds per call)
 
 
@@ -284,6 +368,8 @@ def measure(p: Problem, chain_counts: list[int], names: list[str], peers: list[s
         runs = {f"pcbatch/{v}" if v else "pcbatch": pcbatch_run(p, x0, keys, samples, depth, v)
                 for v in names}
         for peer in peers:
+            if peer == "tfp" and p.name not in ("gaussian", "logistic"):
+                continue   # its log density is written for those two
             runs[peer] = PEER_RUNS[peer](p, x0, min(samples, tfp_samples) if peer == "tfp" else samples, depth)
         runs["limit"] = limit_run(p, x0, max(1, runs["pcbatch"].useful // chains))
         # Each ran once above (compiled); a repeat of the short calls (few chains) lasts 0.2 s.
@@ -316,7 +402,7 @@ def report(p: Problem, results: Results) -> list[str]:
     print_table(["chains"] + names, [[str(c)] + [f"{r[n][2] * 1e3:.1f} ms, {r[n][1].useful}" for n in names]
                                      for c, r in results.items()])
     verdicts = []
-    for chains, peer, least in THROUGHPUT_TARGETS:
+    for chains, peer, least in THROUGHPUT_TARGETS.get(p.name, ()):
         if chains in results and peer in results[chains]:
             ratio = results[chains]["pcbatch"][0] / results[chains][peer][0]
             verdicts.append(f"{p.name}: {chains} chains, pcbatch : {peer} = {ratio:.2f}x (target >= {least}x): "
@@ -329,6 +415,39 @@ def report(p: Problem, results: Results) -> list[str]:
                 verdicts.append(f"{p.name}: {chains} chains, utilization {ours} : {peer} = {ratio:.2f}x "
                                 f"(target >= {least}x): " + ("met" if ratio >= least else "NOT met"))
     return verdicts
+
+
+def _chain_moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and variance per coordinate of `[chains, draws, dim]`, each with a
+    standard error from the spread of the chains' own estimates (independent chains)."""
+    chains = x.shape[0]
+    m_chain = x.mean(axis=1)
+    mean = m_chain.mean(axis=0)
+    v_chain = ((x - mean) ** 2).mean(axis=1)
+    var = v_chain.mean(axis=0)
+    return mean, m_chain.std(axis=0, ddof=1) / np.sqrt(chains), var, v_chain.std(axis=0, ddof=1) / np.sqrt(chains)
+
+
+def agreement(p: Problem, results: Results) -> str | None:
+    """Posterior means and variances of pcbatch against BlackJAX's and the
+    truth (where known), as the largest |z| over the coordinates, at the most
+    chains both ran: Monte-Carlo agreement is |z| of 2-3 (many coordinates), a
+    bug is tens."""
+    both = [c for c, r in results.items() if "blackjax" in r and r["blackjax"][1].positions is not None]
+    if not both:
+        return None
+    chains = max(both)
+    ours, theirs = results[chains]["pcbatch"][1].positions, results[chains]["blackjax"][1].positions
+    k = len(p.truth[0]) if p.truth is not None else ours.shape[-1]   # the coordinates compared
+    (m1, s1, v1, t1), (m2, s2, v2, t2) = (_chain_moments(np.asarray(x[..., :k], np.float64)) for x in (ours, theirs))
+    z = lambda a, b, sa, sb: float(np.max(np.abs(a - b) / np.sqrt(sa ** 2 + sb ** 2)))
+    line = (f"{p.name}, {chains} chains x {ours.shape[1]} draws, {k} coordinates: means |z| <= {z(m1, m2, s1, s2):.1f}, "
+            f"variances |z| <= {z(v1, v2, t1, t2):.1f} (pcbatch : blackjax)")
+    if p.truth is not None:
+        mu, var = p.truth
+        line += (f"; against the truth: pcbatch {z(m1, mu, s1, 0):.1f} / {z(v1, var, t1, 0):.1f}, "
+                 f"blackjax {z(m2, mu, s2, 0):.1f} / {z(v2, var, t2, 0):.1f}")
+    return line
 
 
 def save_figure(path: str, measured: list[tuple[Problem, Results]]) -> None:
@@ -361,7 +480,7 @@ def save_figure(path: str, measured: list[tuple[Problem, Results]]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--targets", default="gaussian,logistic")
+    ap.add_argument("--targets", default="gaussian,logistic", help="of " + ", ".join(TARGET_NAMES))
     ap.add_argument("--chains", default="1,16,128,1024")
     ap.add_argument("--samples", type=int, default=None,
                     help="transitions per chain per timed call (default: 10 on the Gaussian, 5 on the regression)")
@@ -395,7 +514,12 @@ def main() -> None:
                                     args.max_tree_depth, args.repeats)))
     for p, results in measured:
         verdicts += report(p, results)
-    print("\nissue 7's targets (throughput: pcbatch's default configuration):")
+    agree = [line for p, results in measured if (line := agreement(p, results))]
+    if agree:
+        print("\nposterior means and variances (largest |z| over coordinates; standard errors from the chains' spread):")
+        for line in agree:
+            print("  " + line)
+    print("\nissues 7 and 18's targets (throughput: pcbatch's default configuration):")
     for line in verdicts:
         print("  " + line)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
