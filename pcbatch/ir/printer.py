@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import sys
 from typing import Any, Mapping, Sequence
 
@@ -35,7 +36,12 @@ from pcbatch.ir.core import (
     StackProgram,
     Terminator,
     Update,
+    op_reads,
+    op_writes,
+    term_reads,
 )
+
+_TEMP = re.compile(r"^(?P<fn>.*?)(?P<prefix>_+t)(?P<n>\d+)$")   # the frontend's temporaries: _t1, __t1, ...
 
 
 def _short(leaf: Any) -> str:
@@ -93,19 +99,48 @@ def _format_qualified(t: Any) -> str:
     return f"{class_name(type(t))}({', '.join(inner)})"
 
 
-class _Names:
-    """Prints variables unqualified inside their own function."""
+def _temp_numbers(blocks: Sequence[Block]) -> dict[str, str]:
+    """Temporaries renumbered 1, 2, ... per function in the order the listing
+    first shows them (passes drop many, which left gaps)."""
+    renamed: dict[str, str] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for block in blocks:
+        for var in [v for op in block.ops for v in (*op_reads(op), *op_writes(op))] + list(term_reads(block.term)):
+            m = _TEMP.match(var)
+            if m and var not in renamed:
+                key = (m["fn"], m["prefix"])
+                counts[key] = counts.get(key, 0) + 1
+                renamed[var] = f"{m['fn']}{m['prefix']}{counts[key]}"
+    return renamed
 
-    def __init__(self, owner: str | None, types: Mapping[str, Any] | None = None):
+
+class _Names:
+    """Prints variables unqualified inside their own function (temporaries renumbered)."""
+
+    def __init__(self, owner: str | None, types: Mapping[str, Any] | None = None,
+                 renamed: Mapping[str, str] | None = None):
         self.owner = owner
         self.types = types or {}
+        self.renamed = renamed or {}
+        # An op's text names its function's own variables unqualified.
+        self.local_renamed = {self._local(old): self._local(new) for old, new in self.renamed.items()
+                              if old.rpartition(".")[0] == (owner or "")}
 
     def __call__(self, var: str, typed: bool = False) -> str:
-        fn, _, local = var.rpartition(".")
-        name = local if fn == self.owner or not fn else var
+        shown = self.renamed.get(var, var)
         if typed and var in self.types:
-            return f"{name}:{format_type(self.types[var])}"
-        return name
+            return f"{self._local(shown)}:{format_type(self.types[var])}"
+        return self._local(shown)
+
+    def text(self, text: str) -> str:
+        """An op's source text with its temporaries renumbered."""
+        if not self.local_renamed:
+            return text
+        return re.sub(r"\b_+t\d+\b", lambda m: self.local_renamed.get(m.group(0), m.group(0)), text)
+
+    def _local(self, var: str) -> str:
+        fn, _, local = var.rpartition(".")
+        return local if fn == self.owner or not fn else var
 
 
 def _format_child(c: Any, names: _Names, function_of: Sequence[str] | None) -> str:
@@ -120,7 +155,7 @@ def _format_child(c: Any, names: _Names, function_of: Sequence[str] | None) -> s
 def _format_op(op: Op, names: _Names, function_of: Sequence[str] | None = None) -> str:
     if isinstance(op, Prim):
         outs = ", ".join(names(v, typed=True) for v in op.outs)
-        text = op.text or ", ".join(names(v) for v in op.ins)  # a copy
+        text = names.text(op.text) if op.text else ", ".join(names(v) for v in op.ins)  # or a copy
         return f"{outs} = {text}" if op.outs else text
     if isinstance(op, Call):
         return f"{names(op.out)} = call {op.callee}({', '.join(names(a) for a in op.args)})"
@@ -171,7 +206,7 @@ def format_program(program: Program) -> str:
     for fn in program.functions:
         entry = "  # entry" if fn.name == program.entry else ""
         out.append(f"def {fn.name}({', '.join(fn.params)}):{entry}")
-        names = _Names(fn.name)
+        names = _Names(fn.name, renamed=_temp_numbers(fn.blocks))
         for i, block in enumerate(fn.blocks):
             out += _format_block(i, block, names)
         out.append("")
@@ -180,13 +215,14 @@ def format_program(program: Program) -> str:
 
 def format_stack_program(prog: StackProgram) -> str:
     types = prog.var_types
+    renamed = _temp_numbers([*([Block("prelude", tuple(prog.prelude), Return())] if prog.prelude else []), *prog.blocks])
     out = [f"stack program: {prog.num_blocks} blocks, entry b{prog.entry_block}, result {prog.result}"]
     out.append(f"  inputs: {', '.join(prog.entry_params)}")
     out += ["  " + n for n in _format_notes(prog.notes)]
     for cls in (CONSTANT, INVARIANT, STACKED, REGISTER, TEMPORARY):
         vs = prog.vars_of_class(cls)
         if vs:
-            shown = ", ".join(_Names(None, types)(v, typed=cls != TEMPORARY) for v in vs)
+            shown = ", ".join(_Names(None, types, renamed)(v, typed=cls != TEMPORARY) for v in vs)
             out.append(f"  {cls}: {shown}")
     if prog.lanes is not None and prog.stack_depth is not None:
         out.append(f"  machine: {prog.lanes} lanes; pc stack i32[{prog.stack_depth},{prog.lanes}]"
@@ -198,13 +234,13 @@ def format_stack_program(prog: StackProgram) -> str:
             leaves = jax.tree_util.tree_leaves(types.get(members[0]))
             shapes = ", ".join(format_type(jax.ShapeDtypeStruct((prog.stack_depth, prog.lanes) + l.shape, l.dtype))
                                for l in leaves)
-            out.append(f"    stack {name} ({', '.join(members)}): {shapes}")
+            out.append(f"    stack {renamed.get(name, name)} ({', '.join(renamed.get(m, m) for m in members)}): {shapes}")
     if prog.prelude:
         out.append("  prelude (before the loop: once, or once per example for invariants):")
-        out += [f"    {_format_op(op, _Names(None, types))}" for op in prog.prelude]
+        out += [f"    {_format_op(op, _Names(None, types, renamed))}" for op in prog.prelude]
     for i, block in enumerate(prog.blocks):
         owner = prog.block_function[i] if prog.block_function else None
-        out += _format_block(i, block, _Names(owner, types), prog.block_function or None)
+        out += _format_block(i, block, _Names(owner, types, renamed), prog.block_function or None)
     return "\n".join(out) + "\n"
 
 

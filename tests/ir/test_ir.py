@@ -77,6 +77,18 @@ def test_printer_is_readable():
     assert "pushjump b0" in lowered and "push n" in lowered and "pop n" in lowered
 
 
+@pytest.mark.parametrize("f,args", PROGRAMS, ids=lambda x: getattr(x, "__name__", ""))
+def test_printer_numbers_temporaries_contiguously(f, args):
+    """Passes drop temporaries (fib's lowered program keeps _t1, _t3, _t5): the
+    listing shows _t1.._tk, each written before it is read in its block's text."""
+    import re
+    for text in (str(f.ir()), str(f.lowered(*args))):
+        shown = {int(n) for n in re.findall(r"\b_t(\d+)\b", text)}
+        assert shown == set(range(1, len(shown) + 1)), (sorted(shown), text)
+    lowered = str(fib.lowered(jnp.arange(3)))
+    assert "<ret>:i32[] = _t2 + _t3" in lowered, lowered
+
+
 def test_mutual_recursion_is_one_program():
     names = [fn.name for fn in ping.ir().functions]
     assert names == ["ping", "pong"]
