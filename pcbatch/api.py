@@ -15,7 +15,7 @@ from jax.experimental import checkify
 from pcbatch import _context, differentiation, failures
 from pcbatch import sharding as _sharding
 from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, reference_call, target_of
-from pcbatch.compile import Cache, Executable, Signature, block_ir, executable, measure_fork
+from pcbatch.compile import Cache, Executable, Signature, block_ir, executable, first_stack_depth, measure_fork
 from pcbatch.errors import Loc, OptionError, UnsupportedSyntaxError
 from pcbatch.frontend import BoundFunction
 from pcbatch.fsm import get_scheduler
@@ -57,6 +57,7 @@ class Autobatched:
         self.signature = self.target.signature
         self._cache = Cache()  # the pipeline's stages (pcbatch/compile.py)
         self.trace_count = 0  # machines traced so far; a cache hit does not add one
+        self._shallow: dict[int, Autobatched] = {}  # copies with shallower pool stacks (`first_stack_depth`)
 
     def __repr__(self) -> str:
         return f"<autobatched {self.fn.__qualname__}>"
@@ -259,6 +260,17 @@ class Autobatched:
             exe = measure_fork(self.target, self._callee, exe.signature, self.options, self._cache, run,
                                self._traced)
             inputs, prog = self._inputs(exe, bound), exe.prog
+        depth = first_stack_depth(prog, exe.signature.local_batch, self.options)
+        if depth is not None and exe.signature.sharding is None:
+            # A capped pool: shallow stacks first (more lanes), full ones only if a lane overflowed.
+            shallow = self._shallow.get(depth)
+            if shallow is None:
+                shallow = self._shallow[depth] = self.with_options(max_stack_depth=depth, fork=True)
+                shallow._traced = self._traced  # its machines count as this function's
+            s_exe, s_inputs = shallow._executable(bound)
+            result, status = shallow._run_eagerly(s_exe, s_inputs, raise_errors)
+            if not np.any(np.asarray(status.overflow)):
+                return result, status, s_exe.prog, batch
         result, status = self._run_eagerly(exe, inputs, raise_errors)
         return result, status, prog, batch
 
@@ -346,8 +358,9 @@ def autobatch(fn: Callable | None = None, *, options: Options | None = None, **c
         what it chose and why).
       max_lanes: the fork-join lane pool (default 128 per example, at most
         16384, fewer if the stacks, `max_stack_depth` frames per lane, would
-        pass 1 GiB); when it runs out, calls run sequentially in the caller's
-        lane (slower, same result).
+        pass 1 GiB; where that caps it, an eager call first tries 32 frames
+        per lane, `Tuning.pool_first_stack_depth`); when it runs out, calls
+        run sequentially in the caller's lane (slower, same result).
       lane_width: most lanes one VM step runs (default 2 per example, within
         64..256).
       layout: batch independent same-type ops inside a block (the gate

@@ -99,6 +99,17 @@ def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[in
     return lanes, MachineConfig(options.max_stack_depth, options.max_steps, scheduler, lanes, width, tuning)
 
 
+def first_stack_depth(prog: StackProgram, batch: int, options: Options) -> int | None:
+    """The shallower stacks an eager call on this pool tries first
+    (`Tuning.pool_first_stack_depth`), or None: only where the stack budget
+    caps the default pool, so that fewer frames per lane buy more lanes."""
+    tuning, depth = options.tuning, options.tuning.pool_first_stack_depth
+    if not prog.has_forks or options.max_lanes is not None or not 0 < depth < options.max_stack_depth:
+        return None
+    wanted = max(batch, min(tuning.lanes_per_example * batch, tuning.max_pool_lanes))
+    return depth if machine_config(prog, batch, options)[0] < wanted else None
+
+
 def frame_bytes(prog: StackProgram) -> int:
     """One lane's stack frame: the pc, then each stack's slot."""
     return index_dtype().itemsize + sum(x.size * x.dtype.itemsize

@@ -1,0 +1,60 @@
+"""Where the stack budget caps the lane pool, an eager call first runs with
+shallow per-lane stacks (`Tuning.pool_first_stack_depth`: more lanes in the
+same memory) and again with `max_stack_depth` only if a lane overflowed.
+Either way the result is the per-example Python's."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pcbatch
+from pcbatch.compile import frame_bytes
+
+
+@pcbatch.autobatch(fork=True)
+def leaves(n):
+    """2**n leaves, counted by a binary recursion n deep."""
+    if n <= 0:
+        return 1
+    return leaves(n - 1) + leaves(n - 1)
+
+
+def capped(fn, lanes_per_example: int, first_depth: int):
+    """`fn` whose default pool the stack budget caps at `lanes_per_example` lanes per example."""
+    x = jnp.arange(4)
+    prog = fn.lowered(x)
+    budget = frame_bytes(prog) * fn.max_stack_depth * lanes_per_example * len(x)
+    return fn.with_options(tuning=pcbatch.Tuning(pool_stack_bytes=budget, pool_first_stack_depth=first_depth))
+
+
+def test_shallow_stacks_buy_lanes_where_the_budget_caps_the_pool():
+    x = jnp.array([3, 5, 6, 4])
+    f = capped(leaves, lanes_per_example=2, first_depth=16)   # 8 lanes at depth 64; 32 at depth 16
+    out, status = f.checked(x)
+    np.testing.assert_array_equal(out, 2 ** np.asarray(x))
+    np.testing.assert_array_equal(out, leaves.reference(x))
+    assert not np.any(np.asarray(status.overflow))
+    assert int(np.max(np.asarray(status.peak_lanes))) > 8   # more than the full-depth pool holds
+    np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
+
+
+def test_a_lane_that_overflows_the_shallow_stacks_reruns_on_full_ones():
+    # The pool (2 lanes per example) runs out at once: calls fall back to
+    # running in their caller's lane, 10 frames deep: more than 3.
+    x = jnp.array([10, 9, 2, 10])
+    f = capped(leaves, lanes_per_example=2, first_depth=3)
+    out, status = f.checked(x)
+    assert not np.any(np.asarray(status.overflow))
+    np.testing.assert_array_equal(out, leaves.reference(x))
+    np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
+
+
+def test_no_shallow_run_under_jit_or_with_max_lanes():
+    """A traced call cannot run twice: it keeps `max_stack_depth` frames per lane (as does an explicit pool)."""
+    x = jnp.array([10, 9, 2, 10])
+    f = capped(leaves, lanes_per_example=2, first_depth=3)
+    np.testing.assert_array_equal(jax.jit(f)(x), 2 ** np.asarray(x))
+    g = f.with_options(max_lanes=8)
+    np.testing.assert_array_equal(g(x), 2 ** np.asarray(x))
+    assert not g._shallow
