@@ -261,8 +261,8 @@ class Autobatched:
                                self._traced)
             inputs, prog = self._inputs(exe, bound), exe.prog
         depth = first_stack_depth(prog, exe.signature.local_batch, self.options)
-        if depth is not None and exe.signature.sharding is None:
-            # A capped pool: shallow stacks first (more lanes), full ones only if a lane overflowed.
+        if depth is not None and exe.signature.sharding is None and exe.pool_ran_out:
+            # The capped pool ran out before: shallow stacks first (more lanes), full ones only if a lane overflowed.
             shallow = self._shallow.get(depth)
             if shallow is None:
                 shallow = self._shallow[depth] = self.with_options(max_stack_depth=depth, fork=True)
@@ -272,6 +272,9 @@ class Autobatched:
             if not np.any(np.asarray(status.overflow)):
                 return result, status, s_exe.prog, batch
         result, status = self._run_eagerly(exe, inputs, raise_errors)
+        if depth is not None and exe.pool_ran_out is None:
+            lanes = exe.config(exe.signature.local_batch)[0]   # ran out: (nearly: 1%) every lane was in use
+            exe.pool_ran_out = bool(np.max(np.asarray(status.peak_lanes)) >= lanes - max(1, lanes // 100))
         return result, status, prog, batch
 
     def _run_eagerly(self, exe: Executable, inputs: dict[str, Any], plain_call: bool) -> tuple[Any, Status]:
@@ -358,9 +361,10 @@ def autobatch(fn: Callable | None = None, *, options: Options | None = None, **c
         what it chose and why).
       max_lanes: the fork-join lane pool (default 128 per example, at most
         16384, fewer if the stacks, `max_stack_depth` frames per lane, would
-        pass 1 GiB; where that caps it, an eager call first tries 32 frames
-        per lane, `Tuning.pool_first_stack_depth`); when it runs out, calls
-        run sequentially in the caller's lane (slower, same result).
+        pass 1 GiB; where that caps it and a call used every lane, later
+        eager calls first try 32 frames per lane,
+        `Tuning.pool_first_stack_depth`); when it runs out, calls run
+        sequentially in the caller's lane (slower, same result).
       lane_width: most lanes one VM step runs (default 2 per example, within
         64..256).
       layout: batch independent same-type ops inside a block (the gate

@@ -100,9 +100,11 @@ def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[in
 
 
 def first_stack_depth(prog: StackProgram, batch: int, options: Options) -> int | None:
-    """The shallower stacks an eager call on this pool tries first
+    """The shallower stacks an eager call on this pool may try first
     (`Tuning.pool_first_stack_depth`), or None: only where the stack budget
-    caps the default pool, so that fewer frames per lane buy more lanes."""
+    caps the default pool, so that fewer frames per lane buy more lanes (the
+    caller tries them once a run has used every lane: a larger pool than a
+    run needs costs time per step)."""
     tuning, depth = options.tuning, options.tuning.pool_first_stack_depth
     if not prog.has_forks or options.max_lanes is not None or not 0 < depth < options.max_stack_depth:
         return None
@@ -148,6 +150,7 @@ class Executable:
     layout_report: LayoutReport | None = None
     fork_choice: ForkChoice | None = None
     workspace: Any = None
+    pool_ran_out: bool | None = None  # whether an eager call used every pool lane (known after the first)
     differentiable: Differentiable | None = None
     gradient_program: Callable[[], StackProgram] | None = None
 

@@ -1,7 +1,8 @@
-"""Where the stack budget caps the lane pool, an eager call first runs with
-shallow per-lane stacks (`Tuning.pool_first_stack_depth`: more lanes in the
-same memory) and again with `max_stack_depth` only if a lane overflowed.
-Either way the result is the per-example Python's."""
+"""Where the stack budget caps the lane pool and a run used every lane, later
+eager calls first run with shallow per-lane stacks
+(`Tuning.pool_first_stack_depth`: more lanes in the same memory) and again
+with `max_stack_depth` only if a lane overflowed. Either way the result is the
+per-example Python's."""
 from __future__ import annotations
 
 import jax
@@ -32,6 +33,8 @@ def test_shallow_stacks_buy_lanes_where_the_budget_caps_the_pool():
     x = jnp.array([3, 5, 6, 4])
     f = capped(leaves, lanes_per_example=2, first_depth=16)   # 8 lanes at depth 64; 32 at depth 16
     out, status = f.checked(x)
+    assert int(np.max(np.asarray(status.peak_lanes))) == 8 and not f._shallow   # the first call ran out of lanes
+    out, status = f.checked(x)
     np.testing.assert_array_equal(out, 2 ** np.asarray(x))
     np.testing.assert_array_equal(out, leaves.reference(x))
     assert not np.any(np.asarray(status.overflow))
@@ -44,17 +47,31 @@ def test_a_lane_that_overflows_the_shallow_stacks_reruns_on_full_ones():
     # running in their caller's lane, 10 frames deep: more than 3.
     x = jnp.array([10, 9, 2, 10])
     f = capped(leaves, lanes_per_example=2, first_depth=3)
-    out, status = f.checked(x)
-    assert not np.any(np.asarray(status.overflow))
-    np.testing.assert_array_equal(out, leaves.reference(x))
-    np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
+    for _ in range(3):   # the first call runs out of lanes; the next ones try shallow stacks first
+        out, status = f.checked(x)
+        assert not np.any(np.asarray(status.overflow))
+        np.testing.assert_array_equal(out, leaves.reference(x))
+        np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
+    assert list(f._shallow) == [3]
+    assert np.all(np.asarray(f._shallow[3].checked(x)[1].overflow)[[0, 1, 3]])   # they did overflow
+
+
+def test_a_pool_that_did_not_run_out_stays_as_it_is():
+    x = jnp.array([1, 0, 1, 0])   # 8 lanes at most, of 16
+    f = capped(leaves, lanes_per_example=4, first_depth=16)
+    for _ in range(2):
+        np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
+    assert not f._shallow
 
 
 def test_no_shallow_run_under_jit_or_with_max_lanes():
     """A traced call cannot run twice: it keeps `max_stack_depth` frames per lane (as does an explicit pool)."""
     x = jnp.array([10, 9, 2, 10])
     f = capped(leaves, lanes_per_example=2, first_depth=3)
-    np.testing.assert_array_equal(jax.jit(f)(x), 2 ** np.asarray(x))
+    for _ in range(2):
+        np.testing.assert_array_equal(jax.jit(f)(x), 2 ** np.asarray(x))
+    assert not f._shallow
     g = f.with_options(max_lanes=8)
-    np.testing.assert_array_equal(g(x), 2 ** np.asarray(x))
+    for _ in range(2):
+        np.testing.assert_array_equal(g(x), 2 ** np.asarray(x))
     assert not g._shallow
