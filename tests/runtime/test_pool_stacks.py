@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import pcbatch
 from pcbatch.compile import frame_bytes
@@ -75,3 +76,24 @@ def test_no_shallow_run_under_jit_or_with_max_lanes():
     for _ in range(2):
         np.testing.assert_array_equal(g(x), 2 ** np.asarray(x))
     assert not g._shallow
+
+
+@pytest.mark.parametrize("name, first_depth", [
+    ("fib", 2), ("mutual_recursion", 6), ("fork_in_while_loop", 2),
+    pytest.param("other_callees_and_tail_call", 2, marks=pytest.mark.slow),
+    pytest.param("other_callees_and_tail_call", 6, marks=pytest.mark.slow)])
+def test_fork_programs_on_shallow_stacks(name, first_depth):
+    """test_fork.py's programs on a pool the budget caps at 2 lanes per example:
+    the later calls take the shallow stacks (2 frames: most overflow and rerun;
+    6: some do), and every call gives the per-example Python's results."""
+    from tests.runtime.test_fork import PROGRAMS, assert_same
+
+    fn, args, _ = PROGRAMS[name]
+    budget = frame_bytes(fn.with_options(fork=True).lowered(*args)) * fn.max_stack_depth * 2 * len(args[0])
+    f = fn.with_options(fork=True, tuning=pcbatch.Tuning(pool_stack_bytes=budget, pool_first_stack_depth=first_depth))
+    want = fn.reference(*args)
+    for _ in range(3):
+        out, status = f.checked(*args)
+        assert not np.any(np.asarray(status.overflow)) and not np.any(np.asarray(status.unfinished))
+        assert_same(out, want, name)
+    assert list(f._shallow) == [first_depth]
