@@ -57,7 +57,7 @@ class Autobatched:
         self.signature = self.target.signature
         self._cache = Cache()  # the pipeline's stages (pcbatch/compile.py)
         self.trace_count = 0  # machines traced so far; a cache hit does not add one
-        self._shallow: dict[int, Autobatched] = {}  # copies with shallower pool stacks (`first_stack_depth`)
+        self._shallow: Autobatched | None = None  # a copy with shallower pool stacks (`first_stack_depth`)
 
     def __repr__(self) -> str:
         return f"<autobatched {self.fn.__qualname__}>"
@@ -260,21 +260,19 @@ class Autobatched:
             exe = measure_fork(self.target, self._callee, exe.signature, self.options, self._cache, run,
                                self._traced)
             inputs, prog = self._inputs(exe, bound), exe.prog
-        depth = first_stack_depth(prog, exe.signature.local_batch, self.options)
-        if depth is not None and exe.signature.sharding is None and exe.pool_ran_out:
+        if exe.shallow_depth > 0:
             # The capped pool ran out before: shallow stacks first (more lanes), full ones only if a lane overflowed.
-            shallow = self._shallow.get(depth)
-            if shallow is None:
-                shallow = self._shallow[depth] = self.with_options(max_stack_depth=depth, fork=True)
-                shallow._traced = self._traced  # its machines count as this function's
-            s_exe, s_inputs = shallow._executable(bound)
-            result, status = shallow._run_eagerly(s_exe, s_inputs, raise_errors)
+            if self._shallow is None:
+                self._shallow = self.with_options(max_stack_depth=exe.shallow_depth, fork=True)
+                self._shallow._traced = self._traced  # its machines count as this function's
+            s_exe, s_inputs = self._shallow._executable(bound)
+            result, status = self._shallow._run_eagerly(s_exe, s_inputs, raise_errors)
             if not np.any(np.asarray(status.overflow)):
                 return result, status, s_exe.prog, batch
         result, status = self._run_eagerly(exe, inputs, raise_errors)
-        if depth is not None and exe.pool_ran_out is None:
-            lanes = exe.config(exe.signature.local_batch)[0]   # ran out: (nearly: 1%) every lane was in use
-            exe.pool_ran_out = bool(np.max(np.asarray(status.peak_lanes)) >= lanes - max(1, lanes // 100))
+        if exe.shallow_depth < 0:
+            exe.shallow_depth = (first_stack_depth(prog, exe.signature.local_batch, self.options, status.peak_lanes)
+                                 if exe.signature.sharding is None else 0)
         return result, status, prog, batch
 
     def _run_eagerly(self, exe: Executable, inputs: dict[str, Any], plain_call: bool) -> tuple[Any, Status]:

@@ -99,17 +99,20 @@ def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[in
     return lanes, MachineConfig(options.max_stack_depth, options.max_steps, scheduler, lanes, width, tuning)
 
 
-def first_stack_depth(prog: StackProgram, batch: int, options: Options) -> int | None:
-    """The shallower stacks an eager call on this pool may try first
-    (`Tuning.pool_first_stack_depth`), or None: only where the stack budget
-    caps the default pool, so that fewer frames per lane buy more lanes (the
-    caller tries them once a run has used every lane: a larger pool than a
-    run needs costs time per step)."""
+def first_stack_depth(prog: StackProgram, batch: int, options: Options, peak_lanes: Any) -> int:
+    """How many frames per lane later eager calls try first
+    (`Tuning.pool_first_stack_depth`), decided after the first (whose
+    `status.peak_lanes` this reads): only where the stack budget caps the
+    default pool and that run used (nearly: 1%) every lane, so that fewer
+    frames per lane buy lanes a run needs (a larger pool than a run needs
+    costs time per step); 0: never."""
     tuning, depth = options.tuning, options.tuning.pool_first_stack_depth
     if not prog.has_forks or options.max_lanes is not None or not 0 < depth < options.max_stack_depth:
-        return None
-    wanted = max(batch, min(tuning.lanes_per_example * batch, tuning.max_pool_lanes))
-    return depth if machine_config(prog, batch, options)[0] < wanted else None
+        return 0
+    lanes = machine_config(prog, batch, options)[0]
+    if lanes >= max(batch, min(tuning.lanes_per_example * batch, tuning.max_pool_lanes)):
+        return 0
+    return depth if int(np.max(np.asarray(peak_lanes))) >= lanes - max(1, lanes // 100) else 0
 
 
 def frame_bytes(prog: StackProgram) -> int:
@@ -150,7 +153,7 @@ class Executable:
     layout_report: LayoutReport | None = None
     fork_choice: ForkChoice | None = None
     workspace: Any = None
-    pool_ran_out: bool | None = None  # whether an eager call used every pool lane (known after the first)
+    shallow_depth: int = -1  # frames per lane later eager calls try first: -1 until the first decides, 0 never
     differentiable: Differentiable | None = None
     gradient_program: Callable[[], StackProgram] | None = None
 

@@ -34,7 +34,7 @@ def test_shallow_stacks_buy_lanes_where_the_budget_caps_the_pool():
     x = jnp.array([3, 5, 6, 4])
     f = capped(leaves, lanes_per_example=2, first_depth=16)   # 8 lanes at depth 64; 32 at depth 16
     out, status = f.checked(x)
-    assert int(np.max(np.asarray(status.peak_lanes))) == 8 and not f._shallow   # the first call ran out of lanes
+    assert int(np.max(np.asarray(status.peak_lanes))) == 8 and f._shallow is None   # the first call ran out of lanes
     out, status = f.checked(x)
     np.testing.assert_array_equal(out, 2 ** np.asarray(x))
     np.testing.assert_array_equal(out, leaves.reference(x))
@@ -53,8 +53,8 @@ def test_a_lane_that_overflows_the_shallow_stacks_reruns_on_full_ones():
         assert not np.any(np.asarray(status.overflow))
         np.testing.assert_array_equal(out, leaves.reference(x))
         np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
-    assert list(f._shallow) == [3]
-    assert np.all(np.asarray(f._shallow[3].checked(x)[1].overflow)[[0, 1, 3]])   # they did overflow
+    assert f._shallow.max_stack_depth == 3
+    assert np.all(np.asarray(f._shallow.checked(x)[1].overflow)[[0, 1, 3]])   # they did overflow
 
 
 def test_a_pool_that_did_not_run_out_stays_as_it_is():
@@ -62,7 +62,7 @@ def test_a_pool_that_did_not_run_out_stays_as_it_is():
     f = capped(leaves, lanes_per_example=4, first_depth=16)
     for _ in range(2):
         np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
-    assert not f._shallow
+    assert f._shallow is None
 
 
 def test_no_shallow_run_under_jit_or_with_max_lanes():
@@ -71,11 +71,11 @@ def test_no_shallow_run_under_jit_or_with_max_lanes():
     f = capped(leaves, lanes_per_example=2, first_depth=3)
     for _ in range(2):
         np.testing.assert_array_equal(jax.jit(f)(x), 2 ** np.asarray(x))
-    assert not f._shallow
+    assert f._shallow is None
     g = f.with_options(max_lanes=8)
     for _ in range(2):
         np.testing.assert_array_equal(g(x), 2 ** np.asarray(x))
-    assert not g._shallow
+    assert g._shallow is None
 
 
 @pytest.mark.parametrize("name, first_depth", [
@@ -96,4 +96,4 @@ def test_fork_programs_on_shallow_stacks(name, first_depth):
         out, status = f.checked(*args)
         assert not np.any(np.asarray(status.overflow)) and not np.any(np.asarray(status.unfinished))
         assert_same(out, want, name)
-    assert list(f._shallow) == [first_depth]
+    assert f._shallow.max_stack_depth == first_depth
