@@ -1,7 +1,7 @@
 """Random-program differential test: autobatched result == per-example Python.
 
 `test_fuzz_programs` runs `PCBATCH_FUZZ_EXAMPLES` programs (default 100, in 4
-tests of 25, under the default `fork="auto"`) in `make test`, `test_fuzz_forked.py` as many with
+tests of 25, under the default `fork="auto"`) in `make test`, `test_fuzz_forked.py` 60 with
 `fork=True`; `test_fuzz_long` (marked slow, both fork settings) runs `PCBATCH_FUZZ_EXAMPLES`
 (default 10,000) under `make fuzz`.  `PCBATCH_FUZZ_SEED=<int>` replaces the
 derandomized default sequence of programs with another one.
@@ -184,7 +184,7 @@ CHUNKS = 4  # make test's programs in 4 tests of a fixed sequence each (each wel
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_fuzz_programs(chunk):
     """`make test`: 4 x 25 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` in
-    all) under the default `fork="auto"`; `test_fuzz_forked.py` runs as many
+    all) under the default `fork="auto"`; `test_fuzz_forked.py` runs 60
     with `fork=True` (two files: xdist runs them side by side)."""
     n = -(-_examples(100) // CHUNKS)
     ran = _run(n, SMALL, forks=("auto",), chunk=chunk)
