@@ -155,37 +155,49 @@ class PoolMachine:
         self.num_cols = len(names) + self.fan
 
     def workspace_shapes(self) -> dict[str, Any]:
-        return self.layout.workspace_shapes(self.depth, self.lanes)
+        """The stacks, and every other per-lane array of the state: donated from call to call, the
+        loop runs in them. Fresh ones each call would come from one temporary allocation per call
+        (55 MB for a Child-Sum Tree-LSTM on 32,768 lanes), which the C allocator maps and the
+        kernel zero-fills page by page every call (~10 ms)."""
+        M, idx = self.lanes, index_dtype()
+        lanes = lambda t: tree_map(lambda x: jax.ShapeDtypeStruct((M,) + x.shape, x.dtype), t)
+        return {**self.layout.workspace_shapes(self.depth, M),
+                "regs": {v: lanes(self.prog.var_types[v]) for v in self.stored},
+                "pc": jax.ShapeDtypeStruct((M,), idx),
+                "lane": jax.ShapeDtypeStruct((M, self.num_cols), idx),
+                "queues": jax.ShapeDtypeStruct((self.prog.num_blocks, M), idx),
+                "free": jax.ShapeDtypeStruct((M,), idx),
+                "claim": jax.ShapeDtypeStruct((M,), idx)}
 
     def init(self, batched_inputs: dict[str, Any], workspace: dict[str, Any],
              active: jax.Array | None = None) -> PoolState:
-        M, B, types, col, idx = self.lanes, self.examples, self.prog.var_types, self.col, index_dtype()
-        nb = self.prog.num_blocks
-        regs = {v: zeros_of(types[v], (M,)) for v in self.stored}
+        # Only what is read before it is written is set: the root lanes' rows and inputs, the entry
+        # queue, the free list, every pc. A lane's registers and rows are written when it is spawned
+        # (as when a lane is reused within a run), queue slots when a lane is queued.
+        M, B, types, idx = self.lanes, self.examples, self.prog.var_types, index_dtype()
+        regs = dict(workspace["regs"])
         for v, x in batched_inputs.items():
             if v in regs:
                 regs[v] = tree_map(lambda r, y: r.at[:B].set(y), regs[v], cast_to(x, types[v], B))
-        lane = jnp.zeros((M, self.num_cols), idx)
-        lane = lane.at[:, col["pc_sp"]].set(1)  # slot 0 belongs to the bottom frame and is never read
-        lane = lane.at[:, col["parent"]].set(-1).at[:, col["example"]].set(jnp.arange(M, dtype=idx) % B)
-        lane = lane.at[:, self.kids].set(M)
-        lane = lane.at[:, col["kid_head"]].set(M).at[:, col["kid_tail"]].set(M).at[:, col["sibling"]].set(M)
-        entry, examples = self.prog.entry_block, jnp.arange(B, dtype=idx)
+        examples = jnp.arange(B, dtype=idx)
+        lane = workspace["lane"].at[:B].set(self.child_rows(jnp.full((B,), -1, idx), jnp.zeros((B,), idx), examples))
+        entry, nb = self.prog.entry_block, self.prog.num_blocks
         running = jnp.ones((B,), bool) if active is None else active  # padding examples start halted
         slot = jnp.where(running, jnp.cumsum(running, dtype=idx) - 1, M)
         # The free stack's top is its last slot: lane B is taken first.
-        free_lanes = jnp.zeros((M,), idx).at[:M - B].set(jnp.arange(M - 1, B - 1, -1, dtype=idx))
-        queues = Queues(jnp.zeros((nb, M), idx).at[entry, slot].set(examples, mode="drop"), jnp.zeros((nb,), idx),
+        free_lanes = workspace["free"].at[:M - B].set(jnp.arange(M - 1, B - 1, -1, dtype=idx))
+        queues = Queues(workspace["queues"].at[entry, slot].set(examples, mode="drop"), jnp.zeros((nb,), idx),
                         jnp.zeros((nb,), idx).at[entry].set(jnp.sum(running, dtype=idx)))
+        pc = jnp.full((M,), self.free, idx).at[:B].set(jnp.where(running, entry, self.halt))
         return PoolState(
-            pc=jnp.full((M,), self.free, idx).at[:B].set(jnp.where(running, entry, self.halt)),
+            pc=workspace["pc"].at[:].set(pc),
             lane=lane,
             regs=regs,
-            stacks=dict(workspace["stacks"]),  # never read before written: no zero fill
+            stacks=dict(workspace["stacks"]),
             pc_stack=workspace["pc_stack"],
             queues=queues,
             free=FreeLanes(free_lanes, jnp.asarray(M - B, idx)),
-            claim=jnp.zeros((M,), idx),  # scratch: read only where written in the same step
+            claim=workspace["claim"],  # scratch: read only where written in the same step
             work=jnp.zeros((B,), idx),
             peak=jnp.asarray(B, idx),
             steps=jnp.zeros((), idx),
@@ -545,11 +557,17 @@ class PoolMachine:
             return new, {"block": block, "out": out}
 
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)
-        result = tree_map(lambda a: a[:B], final.regs[prog.result])
         pc = final.pc[:B]
         overflow = (pc == self.overflowed) | (final.lane[:B, col["poison"]] != 0)
         status = Status(overflow, (pc < halt) & ~overflow, pc, final.steps, final.work, final.peak)
-        out = result, status, {"stacks": final.stacks, "pc_stack": final.pc_stack}
+        # An example that did not finish may never have written its result: its slot holds an earlier
+        # call's value (the registers are the donated workspace's), so it reads 0 instead.
+        failed = overflow | status.unfinished
+        result = tree_map(lambda a: jnp.where(failed.reshape((B,) + (1,) * (a.ndim - 1)), jnp.zeros((), a.dtype),
+                                              a[:B]), final.regs[prog.result])
+        out = result, status, {"stacks": final.stacks, "pc_stack": final.pc_stack, "regs": final.regs, "pc": final.pc,
+                               "lane": final.lane, "queues": final.queues.lanes, "free": final.free.lanes,
+                               "claim": final.claim}
         return out if recorder is None else (*out, tape)
 
     def _spawn_params(self, term: Fork, consts: dict[str, Any], inv: dict[str, Any], kid: jax.Array,
