@@ -358,7 +358,7 @@ def autobatch(fn: Callable | None = None, *, options: Options | None = None, **c
         `pcbatch.fork_choice`; `f.executable(*args)[0].fork_choice` says
         what it chose and why).
       max_lanes: the fork-join lane pool (default 128 per example, at most
-        16384, fewer if the stacks, `max_stack_depth` frames per lane, would
+        32768, fewer if the stacks, `max_stack_depth` frames per lane, would
         pass 1 GiB; where that caps it and a call used every lane, later
         eager calls first try 32 frames per lane,
         `Tuning.pool_first_stack_depth`); when it runs out, calls run

@@ -56,7 +56,7 @@ class Tuning:
     max_widths: int = 1
     min_width: int = 16
     lanes_per_example: int = 128
-    max_pool_lanes: int = 16384
+    max_pool_lanes: int = 32768
     pool_stack_bytes: int = 1 << 30
     width_per_example: int = 2
     min_lane_width: int = 64
