@@ -255,25 +255,34 @@ class Autobatched:
             return result, status, prog, batch
         if exe.fork_choice is not None and exe.fork_choice.measure:
             def run(e: Executable) -> None:
-                jax.block_until_ready(self._run_eagerly(e, self._inputs(e, bound), True)[0])
+                jax.block_until_ready(self._run_pool(e, bound, True)[0])
 
             exe = measure_fork(self.target, self._callee, exe.signature, self.options, self._cache, run,
                                self._traced)
-            inputs, prog = self._inputs(exe, bound), exe.prog
+        result, status, prog = self._run_pool(exe, bound, raise_errors)
+        return result, status, prog, batch
+
+    def _run_pool(self, exe: Executable, bound: Bound, plain_call: bool) -> tuple[Any, Status, StackProgram]:
+        """Run `exe` eagerly. Where the stack budget caps its pool, first on shallow stacks
+        (`first_stack_depth`: more lanes in the same memory), and again on full ones only if a lane
+        overflowed; a signature whose shallow runs overflow more than one time in eight stops trying."""
+        if exe.shallow_depth < 0:
+            exe.shallow_depth = (first_stack_depth(exe.prog, exe.signature.local_batch, self.options)
+                                 if exe.signature.sharding is None else 0)
         if exe.shallow_depth > 0:
-            # The capped pool ran out before: shallow stacks first (more lanes), full ones only if a lane overflowed.
             if self._shallow is None:
                 self._shallow = self.with_options(max_stack_depth=exe.shallow_depth, fork=True)
                 self._shallow._traced = self._traced  # its machines count as this function's
             s_exe, s_inputs = self._shallow._executable(bound)
-            result, status = self._shallow._run_eagerly(s_exe, s_inputs, raise_errors)
+            result, status = self._shallow._run_eagerly(s_exe, s_inputs, plain_call)
+            exe.shallow_tries += 1
             if not np.any(np.asarray(status.overflow)):
-                return result, status, s_exe.prog, batch
-        result, status = self._run_eagerly(exe, inputs, raise_errors)
-        if exe.shallow_depth < 0:
-            exe.shallow_depth = (first_stack_depth(prog, exe.signature.local_batch, self.options, status.peak_lanes)
-                                 if exe.signature.sharding is None else 0)
-        return result, status, prog, batch
+                return result, status, s_exe.prog
+            exe.shallow_misses += 1
+            if exe.shallow_misses * 8 > exe.shallow_tries:
+                exe.shallow_depth, s_exe.workspace = 0, None  # its stacks are not kept
+        result, status = self._run_eagerly(exe, self._inputs(exe, bound), plain_call)
+        return result, status, exe.prog
 
     def _run_eagerly(self, exe: Executable, inputs: dict[str, Any], plain_call: bool) -> tuple[Any, Status]:
         """Run `exe` outside any trace, on its own stacks (one workspace per
@@ -359,8 +368,8 @@ def autobatch(fn: Callable | None = None, *, options: Options | None = None, **c
         what it chose and why).
       max_lanes: the fork-join lane pool (default 128 per example, at most
         32768, fewer if the stacks, `max_stack_depth` frames per lane, would
-        pass 1 GiB; where that caps it and a call used every lane, later
-        eager calls first try 32 frames per lane,
+        pass 1 GiB; where that caps it, eager calls first try 32 frames
+        per lane,
         `Tuning.pool_first_stack_depth`); when it runs out, calls run
         sequentially in the caller's lane (slower, same result).
       lane_width: most lanes one VM step runs (default 2 per example, within

@@ -99,20 +99,16 @@ def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[in
     return lanes, MachineConfig(options.max_stack_depth, options.max_steps, scheduler, lanes, width, tuning)
 
 
-def first_stack_depth(prog: StackProgram, batch: int, options: Options, peak_lanes: Any) -> int:
-    """How many frames per lane later eager calls try first
-    (`Tuning.pool_first_stack_depth`), decided after the first (whose
-    `status.peak_lanes` this reads): only where the stack budget caps the
-    default pool and that run used (nearly: 1%) every lane, so that fewer
-    frames per lane buy lanes a run needs (a larger pool than a run needs
-    costs time per step); 0: never."""
+def first_stack_depth(prog: StackProgram, batch: int, options: Options) -> int:
+    """How many frames per lane eager calls try first
+    (`Tuning.pool_first_stack_depth`): only where the stack budget caps the
+    default pool, so that fewer frames per lane buy lanes (a forked call's
+    lane rarely nests deep); 0: never."""
     tuning, depth = options.tuning, options.tuning.pool_first_stack_depth
     if not prog.has_forks or options.max_lanes is not None or not 0 < depth < options.max_stack_depth:
         return 0
     lanes = machine_config(prog, batch, options)[0]
-    if lanes >= max(batch, min(tuning.lanes_per_example * batch, tuning.max_pool_lanes)):
-        return 0
-    return depth if int(np.max(np.asarray(peak_lanes))) >= lanes - max(1, lanes // 100) else 0
+    return depth if lanes < max(batch, min(tuning.lanes_per_example * batch, tuning.max_pool_lanes)) else 0
 
 
 def frame_bytes(prog: StackProgram) -> int:
@@ -129,6 +125,9 @@ def fork_choice(prog: StackProgram, signature: Signature, options: Options, trac
     batch = signature.local_batch
     lanes, _ = machine_config(prog, batch, options)
     pool_bytes = frame_bytes(prog) * options.max_stack_depth * lanes
+    if not traced and signature.sharding is None and first_stack_depth(prog, batch, options):
+        # An eager call runs on shallow stacks first: its pool is that one.
+        lanes = machine_config(prog, batch, options.replace(max_stack_depth=first_stack_depth(prog, batch, options)))[0]
     return choose_fork(prog, batch, lanes, pool_bytes, traced, options.tuning,
                        measurable=signature.sharding is None)
 
@@ -153,7 +152,9 @@ class Executable:
     layout_report: LayoutReport | None = None
     fork_choice: ForkChoice | None = None
     workspace: Any = None
-    shallow_depth: int = -1  # frames per lane later eager calls try first: -1 until the first decides, 0 never
+    shallow_depth: int = -1  # frames per lane eager calls try first: -1 until the first call decides, 0 never
+    shallow_tries: int = 0
+    shallow_misses: int = 0  # shallow runs that overflowed and ran again on full stacks
     differentiable: Differentiable | None = None
     gradient_program: Callable[[], StackProgram] | None = None
 
@@ -269,26 +270,35 @@ def executable(target: BoundFunction, callee: Callee, signature: Signature, opti
         if exe.prog.has_launches:
             exe.gradient_program = lambda: specialized(target, callee, signature, options, cache, fork, loops=False)
         return exe
-    return cache.get(("machine", signature, fork), build)
+    exe = cache.get(("machine", signature, fork), build)
+    if choice is not None and choice.measure:
+        exe.fork_choice = choice  # a traced call's machine, shared: this eager call still measures
+    return exe
 
 
 def measure_fork(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,
                  run: Callable[[Executable], None], on_trace: Callable[[], None] = lambda: None,
-                 repeats: int = 2) -> Executable:
+                 repeats: int = 3, budget_s: float = 0.2, max_repeats: int = 15) -> Executable:
     """Where `fork="auto"`'s rule cannot tell (`ForkChoice.measure`): build
     both machines, run each on this call's inputs (`run(exe)`, blocking) once
-    to warm up and `repeats` times interleaved, keep the faster for the
-    signature (its choice says the times) and return it."""
+    to warm up, then interleaved at least `repeats` times and, while both
+    together took less than `budget_s`, up to `max_repeats` (the two are often
+    within 10% of each other: a few ms calls need many samples), keep the
+    faster for the signature (its choice says the best times) and return it."""
     machines = {f: executable(target, callee, signature, options, cache, False, on_trace, fork=f)
                 for f in (True, False)}
     for exe in machines.values():
         run(exe)
     best = {True: float("inf"), False: float("inf")}
-    for _ in range(repeats):
+    spent = 0.0
+    for k in range(max_repeats):
+        if k >= repeats and spent >= budget_s:
+            break
         for f, exe in machines.items():
             start = time.perf_counter()
             run(exe)
-            best[f] = min(best[f], time.perf_counter() - start)
+            took = time.perf_counter() - start
+            best[f], spent = min(best[f], took), spent + took
     fork = best[True] < best[False]
     lanes, _ = machine_config(machines[True].prog, signature.local_batch, options)
     why = ("a loop fork, which pays or not by the data's shape" if machines[True].prog.has_launches

@@ -15,7 +15,9 @@ holds them). So `"auto"` forks exactly when all hold:
 * the batch has at least `Tuning.fork_min_batch` examples (fewer leave too
   little to share between a step's lanes: 1.1-2.4x slower below 8);
 * the lane pool holds `Tuning.fork_min_pool_lanes` lanes per example (fewer,
-  and calls fall back to running one after another in their caller's lane).
+  and calls fall back to running one after another in their caller's lane;
+  an eager call on a pool the stack budget caps counts the pool of its
+  shallow stacks, `Tuning.pool_first_stack_depth`, which it runs first).
   Between `Tuning.fork_measure_min_pool_lanes` and that, the rule cannot tell
   (the binary Tree-LSTM on small syntax trees forked 1.34x faster with 16
   lanes per example; at H 256 on larger trees 2x slower with 31, at H 128

@@ -40,11 +40,11 @@ class Tuning:
     fork_measure_min_pool_lanes: with at least this many pool lanes per
         example but fewer than `fork_min_pool_lanes`, the rule cannot tell:
         the first eager call times both machines and keeps the faster.
-    pool_first_stack_depth: where `pool_stack_bytes` caps the default pool
-        and an eager call used every lane, later eager calls first run with
-        this many frames per lane (a forked call's lane rarely nests deep:
-        more lanes in the same memory) and again with `max_stack_depth` only
-        if a lane overflowed; 0: never.
+    pool_first_stack_depth: where `pool_stack_bytes` caps the default pool,
+        eager calls first run with this many frames per lane (a forked call's
+        lane rarely nests deep: more lanes in the same memory) and again with
+        `max_stack_depth` only if a lane overflowed (a signature whose shallow
+        runs overflow more than one time in eight stops trying); 0: never.
 
     >>> import pcbatch
     >>> pcbatch.Tuning(max_widths=2).widths(256)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import pcbatch
+from pcbatch.compile import frame_bytes
 from pcbatch.errors import OptionError
 from pcbatch import data
 from pcbatch.fork_choice import choose_fork, walks_data
@@ -139,6 +140,23 @@ def test_where_the_rule_cannot_tell_the_first_eager_call_measures(calls):
         assert forked is after.fork
     else:
         assert after.fork is False and not after.measure
+
+
+def test_eager_calls_count_the_lanes_their_shallow_stacks_buy():
+    """Where the stack budget caps the pool, an eager call runs first on shallow
+    stacks (`Tuning.pool_first_stack_depth`): the rule counts that pool's lanes."""
+    tree, root = trees(8)
+    prog = tree_size.with_options(fork=True).lowered(tree, root)
+    budget = frame_bytes(prog) * tree_size.max_stack_depth * 4 * 8   # 4 lanes per example at full depth
+    f = tree_size.with_options(tuning=pcbatch.Tuning(pool_stack_bytes=budget,
+                                                     pool_first_stack_depth=tree_size.max_stack_depth // 8))
+    traced = chosen(f, (tree, root), traced=True)
+    assert traced.fork is False and "(4 lanes per example" in traced.reason
+    eager = chosen(f, (tree, root))   # shares the traced call's machine, and still measures
+    assert eager.measure and "holds 32 lanes per example" in eager.reason, eager.reason
+    want = np.asarray(tree_size.reference(tree, root))
+    np.testing.assert_array_equal(np.asarray(f(tree, root)), want)
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(tree, root)), want)
 
 
 def test_program_without_forks():

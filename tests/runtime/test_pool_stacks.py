@@ -1,5 +1,5 @@
-"""Where the stack budget caps the lane pool and a run used every lane, later
-eager calls first run with shallow per-lane stacks
+"""Where the stack budget caps the lane pool, eager calls first run with
+shallow per-lane stacks
 (`Tuning.pool_first_stack_depth`: more lanes in the same memory) and again
 with `max_stack_depth` only if a lane overflowed. Either way the result is the
 per-example Python's."""
@@ -33,33 +33,48 @@ def capped(fn, lanes_per_example: int, first_depth: int):
 def test_shallow_stacks_buy_lanes_where_the_budget_caps_the_pool():
     x = jnp.array([3, 5, 6, 4])
     f = capped(leaves, lanes_per_example=2, first_depth=16)   # 8 lanes at depth 64; 32 at depth 16
-    out, status = f.checked(x)
-    assert int(np.max(np.asarray(status.peak_lanes))) == 8 and f._shallow is None   # the first call ran out of lanes
-    out, status = f.checked(x)
-    np.testing.assert_array_equal(out, 2 ** np.asarray(x))
-    np.testing.assert_array_equal(out, leaves.reference(x))
-    assert not np.any(np.asarray(status.overflow))
-    assert int(np.max(np.asarray(status.peak_lanes))) > 8   # more than the full-depth pool holds
+    for _ in range(2):   # the first call too
+        out, status = f.checked(x)
+        np.testing.assert_array_equal(out, 2 ** np.asarray(x))
+        np.testing.assert_array_equal(out, leaves.reference(x))
+        assert not np.any(np.asarray(status.overflow))
+        assert int(np.max(np.asarray(status.peak_lanes))) > 8   # more than the full-depth pool holds
     np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
+    assert f._shallow.max_stack_depth == 16 and f.executable(x)[0].shallow_misses == 0
 
 
 def test_a_lane_that_overflows_the_shallow_stacks_reruns_on_full_ones():
-    # The pool (2 lanes per example) runs out at once: calls fall back to
+    # The pool (2 lanes per example at full depth) runs out at once: calls fall back to
     # running in their caller's lane, 10 frames deep: more than 3.
     x = jnp.array([10, 9, 2, 10])
     f = capped(leaves, lanes_per_example=2, first_depth=3)
-    for _ in range(3):   # the first call runs out of lanes; the next ones try shallow stacks first
-        out, status = f.checked(x)
-        assert not np.any(np.asarray(status.overflow))
-        np.testing.assert_array_equal(out, leaves.reference(x))
-        np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
+    out, status = f.checked(x)
+    assert not np.any(np.asarray(status.overflow))
+    np.testing.assert_array_equal(out, leaves.reference(x))
     assert f._shallow.max_stack_depth == 3
     assert np.all(np.asarray(f._shallow.checked(x)[1].overflow)[[0, 1, 3]])   # they did overflow
+    exe = f.executable(x)[0]
+    assert exe.shallow_depth == 0   # shallow runs that overflow from the start are not tried again
+    for _ in range(2):
+        np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
+    assert exe.shallow_tries == 1
 
 
-def test_a_pool_that_did_not_run_out_stays_as_it_is():
-    x = jnp.array([1, 0, 1, 0])   # 8 lanes at most, of 16
-    f = capped(leaves, lanes_per_example=4, first_depth=16)
+def test_a_rare_overflow_does_not_stop_the_shallow_runs():
+    small, deep = jnp.array([1, 0, 2, 1]), jnp.array([10, 9, 2, 10])
+    f = capped(leaves, lanes_per_example=2, first_depth=3)
+    for _ in range(8):
+        np.testing.assert_array_equal(f(small), 2 ** np.asarray(small))
+    np.testing.assert_array_equal(f(deep), 2 ** np.asarray(deep))   # overflowed shallow, ran again on full stacks
+    exe = f.executable(small)[0]
+    assert (exe.shallow_tries, exe.shallow_misses) == (9, 1) and exe.shallow_depth == 3
+    np.testing.assert_array_equal(f(small), 2 ** np.asarray(small))
+    assert exe.shallow_tries == 10
+
+
+def test_a_pool_the_budget_does_not_cap_stays_as_it_is():
+    x = jnp.array([1, 0, 1, 0])
+    f = leaves.with_options(tuning=pcbatch.Tuning(lanes_per_example=4, pool_first_stack_depth=16))
     for _ in range(2):
         np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
     assert f._shallow is None
