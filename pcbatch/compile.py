@@ -259,6 +259,10 @@ def executable(target: BoundFunction, callee: Callee, signature: Signature, opti
     choose alike."""
     choice = None
     fork = options.fork if fork is None else fork
+    learned = getattr(options.schedule, "info", {}).get("forks") if not isinstance(options.schedule, str) else None
+    if fork == "auto" and learned is not None:
+        choice = ForkChoice(learned, f"a learned schedule runs the program it was learned on (fork={learned})")
+        fork = learned
     if fork == "auto":  # lowered with forks; kept only where they are expected to pay
         with_forks = specialized(target, callee, signature, options, cache, True)
         choice = cache.get(("fork choice", signature, traced),

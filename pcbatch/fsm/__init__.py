@@ -74,6 +74,9 @@ def record(f: Any, *sample_args: Any) -> ExecGraph:
     lane pool never runs out: pass `lane_width` and `max_lanes` large enough
     for the batch for the device's step counts to match."""
     from pcbatch.fsm.graph import ExecGraph
+    exe, _ = f.executable(*sample_args)
+    if exe.fork_choice is not None and exe.fork_choice.measure:
+        f(*sample_args)  # fork="auto" decides on the first eager call: record the machine it keeps
     prog = f.lowered(*sample_args)
     return ExecGraph.from_traces(f.reference_trace(*sample_args), prog.num_blocks)
 
@@ -84,12 +87,18 @@ def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000,
 
     Use it with `f.with_schedule(policy)` or `autobatch(..., schedule=policy)`;
     it applies to programs lowered with the same shared/batched arguments.
+    It is learned on the machine `f` runs for `sample_args` (under `fork="auto"`,
+    after the first call's choice), and `fork="auto"` keeps to that machine
+    wherever the policy schedules.
     """
     from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
     graph = record(f, *sample_args)
     config = config if config is not None else QConfig()
-    return learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
-                             progress=progress, config=config)
+    policy = learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
+                               progress=progress, config=config)
+    # `fork="auto"` then runs the program the policy was learned on (`Policy.forks`).
+    policy.info["forks"] = f.lowered(*sample_args).has_forks
+    return policy
 
 
 __all__ = [

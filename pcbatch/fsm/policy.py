@@ -154,7 +154,11 @@ class Policy:
 
     def init(self, num_blocks: int, num_lanes: int) -> Any:
         if num_blocks != self.num_types:
-            raise ValueError(f"policy learned for {self.num_types} blocks, program has {num_blocks}")
+            from pcbatch.errors import OptionError
+            raise OptionError("schedule", f"this policy was learned for a program of {self.num_types} blocks; the "
+                                          f"one running has {num_blocks}",
+                              "learn it with pcbatch.fsm.learn on the same function, options and argument types "
+                              "(fork=True and fork=False lower to different programs)")
         return ()
 
     def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:

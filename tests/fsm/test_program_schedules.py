@@ -52,6 +52,35 @@ def test_learned_policy_runs_in_the_machine(f, x, tmp_path):
         assert int(status.steps) == simulated
 
 
+@pcbatch.autobatch(in_axes=(0, 0), tuning=pcbatch.Tuning(lanes_per_example=16))
+def tree_size(tree, node):
+    """A tree walk whose pool (16 lanes per example) leaves `fork="auto"` to measure on the first call."""
+    left = tree.children[node, 0]
+    if left < 0:
+        return 1
+    return 1 + tree_size(tree, left) + tree_size(tree, tree.children[node, 1])
+
+
+def test_a_learned_policy_runs_the_machine_fork_auto_kept():
+    t = data.batch(data.random_binary_trees(8, seed=3, min_leaves=2, max_leaves=12))
+    assert tree_size.executable(t, t.root)[0].fork_choice.measure   # not decided before a call
+    policy = fsm.learn(tree_size, t, t.root, trials=20, seed=0, progress=False)
+    kept = tree_size.lowered(t, t.root)   # the first call decided
+    assert policy.num_types == kept.num_blocks and policy.info["forks"] is kept.has_forks
+    g = tree_size.with_schedule(policy)   # a fresh cache: it must not decide again (the policy fits one program)
+    np.testing.assert_array_equal(g(t, t.root), tree_size.reference(t, t.root))
+    assert g.lowered(t, t.root).num_blocks == policy.num_types
+    assert g.executable(t, t.root)[0].fork_choice.reason.startswith("a learned schedule")
+
+
+def test_a_policy_for_another_program_is_a_clear_error():
+    x = jnp.array([0, 3, 7, 4])
+    policy = fsm.learn(fib, x, trials=5, seed=0, progress=False)
+    policy.info.pop("forks")   # as a policy saved before the machine it ran on was recorded
+    with pytest.raises(pcbatch.OptionError, match="learned for a program of"):
+        fib.with_options(fork=True).with_schedule(policy)(x)
+
+
 def test_unknown_schedule_name_is_an_error():
     with pytest.raises(ValueError, match="unknown schedule"):
         pcbatch.autobatch(lambda n: n, schedule="fastest")
