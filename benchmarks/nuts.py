@@ -225,7 +225,7 @@ def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth:
     leaf = nuts.leaf_block(prog.lowered(*args))
     executed = int(np.sum(trace.blocks == leaf)) * x0.shape[0] * lpl * 2   # two leaves per leaf block
     # Timed as `nuts.sample` calls it: a plain call, whose machine does not count blocks per chain.
-    return Run(lambda: prog(*args), int(np.asarray(out.info.num_integration_steps).sum()), executed,
+    return Run(lambda: prog.checked(*args), int(np.asarray(out.info.num_integration_steps).sum()), executed,
                np.asarray(out.position))
 
 
