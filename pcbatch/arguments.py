@@ -219,7 +219,10 @@ def bind(target: BoundFunction, in_axes: Any, args: tuple, kwargs: dict[str, Any
         if p not in sizes:
             out[p] = values[p]
             continue
-        moved = [jnp.broadcast_to(x, (batch,) + np.shape(x)) if a is None else jnp.moveaxis(x, a, 0)
+        # A JAX array already batched on axis 0 is passed as it is: `moveaxis` and `asarray` each
+        # cost ~20 us a leaf on every call, a tenth of a small call's time.
+        moved = [jnp.broadcast_to(x, (batch,) + np.shape(x)) if a is None
+                 else x if a == 0 and isinstance(x, jax.Array) else jnp.moveaxis(x, a, 0)
                  for a, x in zip(specs[p], leaves)]
         out[p] = tree_util.tree_unflatten(treedef, moved)
     return Bound(out, {p: p in sizes for p in params}, batch)
