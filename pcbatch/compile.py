@@ -62,7 +62,7 @@ class Signature:
     def of(cls, shared: tuple[bool, ...], batch: int, sharding: Any, values: list[Any]) -> "Signature":
         flat = [tree_util.tree_flatten(v) for v in values]
         return cls(tuple(shared), batch, sharding, tuple(tree for _, tree in flat),
-                   tuple(tuple((np.shape(x), jnp.result_type(x)) for x in leaves) for leaves, _ in flat),
+                   tuple(tuple((np.shape(x), _dtype(x)) for x in leaves) for leaves, _ in flat),
                    index_dtype())
 
     def types(self, params: list[str]) -> dict[str, Any]:
@@ -76,6 +76,13 @@ class Signature:
     def local_batch(self) -> int:
         """Examples per machine: the batch, or its share per device when sharded."""
         return self.batch if self.sharding is None else self.sharding.per_device(self.batch)
+
+
+def _dtype(x: Any) -> Any:
+    """`jnp.result_type(x)`, without its type lattice for a plain array (a few µs a leaf, every call)."""
+    if isinstance(x, (jax.Array, np.ndarray)) and not getattr(x, "weak_type", False):
+        return jax.dtypes.canonicalize_dtype(x.dtype)
+    return jnp.result_type(x)
 
 
 def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[int, MachineConfig]:

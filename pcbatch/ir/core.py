@@ -14,6 +14,7 @@ Variables are names. In a `StackProgram` they are qualified by function
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Mapping, Union
 
 from pcbatch.errors import Loc
@@ -275,15 +276,16 @@ class StackProgram:
     def num_blocks(self) -> int:
         return len(self.blocks)
 
-    @property
+    # Cached: an eager call asks these every time, and they walk every op.
+    @cached_property
     def has_calls(self) -> bool:
         return any(isinstance(b.term, PushJump) for b in self.blocks)
 
-    @property
+    @cached_property
     def has_forks(self) -> bool:
         return any(isinstance(b.term, Fork) for b in self.blocks) or self.has_launches
 
-    @property
+    @cached_property
     def has_launches(self) -> bool:
         return any(isinstance(op, Launch) for b in self.blocks for op in b.ops)
 
