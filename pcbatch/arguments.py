@@ -182,16 +182,21 @@ def bind(target: BoundFunction, in_axes: Any, args: tuple, kwargs: dict[str, Any
     values: dict[str, Any] = {}
     specs: dict[str, Any] = {}
     for p in params:
-        value = _arrays(name, p, bound.arguments[p])
+        value = bound.arguments[p]
+        if isinstance(value, jax.Array) and (axes[p] is None or isinstance(axes[p], int)):
+            pairs = [(axes[p], value)]  # one array: no pytree to walk (the common case, on every call)
+        else:
+            value = _arrays(name, p, value)
+            try:
+                full = tree_util.tree_map(lambda a, x: tree_util.tree_map(lambda _: a, x), axes[p], value,
+                                          is_leaf=lambda a: a is None)
+            except ValueError as e:
+                raise ArgumentError(name, f"in_axes for `{p}` ({axes[p]!r}) does not match the argument's "
+                                          f"structure: {e}") from None
+            pairs = zip(tree_util.tree_leaves(full, is_leaf=lambda a: a is None), tree_util.tree_leaves(value))
         values[p] = value
-        try:
-            full = tree_util.tree_map(lambda a, x: tree_util.tree_map(lambda _: a, x), axes[p], value,
-                                      is_leaf=lambda a: a is None)
-        except ValueError as e:
-            raise ArgumentError(name, f"in_axes for `{p}` ({axes[p]!r}) does not match the argument's "
-                                      f"structure: {e}") from None
         leaf_axes = []
-        for a, x in zip(tree_util.tree_leaves(full, is_leaf=lambda a: a is None), tree_util.tree_leaves(value)):
+        for a, x in pairs:
             ndim = np.ndim(x)
             if a is not None and ndim == 0 and scalar_axes:
                 a = None  # a number next to batched arrays: shared
