@@ -369,9 +369,8 @@ def autobatch(fn: Callable | None = None, *, options: Options | None = None, **c
       max_lanes: the fork-join lane pool (default 128 per example, at most
         32768, fewer if the stacks, `max_stack_depth` frames per lane, would
         pass 1 GiB; where that caps it, eager calls first try 32 frames
-        per lane,
-        `Tuning.pool_first_stack_depth`); when it runs out, calls run
-        sequentially in the caller's lane (slower, same result).
+        per lane, `Tuning.pool_first_stack_depth`); when it runs out, calls
+        run sequentially in the caller's lane (slower, same result).
       lane_width: most lanes one VM step runs (default 2 per example, within
         64..256).
       layout: batch independent same-type ops inside a block (the gate

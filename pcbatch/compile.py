@@ -29,7 +29,7 @@ import numpy as np
 from pcbatch import _context
 from pcbatch.fork_choice import ForkChoice, choose_fork
 from pcbatch.frontend import BoundFunction, build_program
-from pcbatch.fsm import Fair, get_scheduler
+from pcbatch.fsm import Fair, Policy, get_scheduler
 from pcbatch.ir.core import Program, StackProgram
 from pcbatch.lower import lower, specialize
 from pcbatch.memory import LayoutReport, layout_program
@@ -37,6 +37,7 @@ from pcbatch.options import Options
 from pcbatch.runtime import MachineConfig, Status, run_machine
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.grad import Differentiable
+from pcbatch.runtime.options import Tuning
 from pcbatch.runtime.run import new_workspace, workspace_shapes
 from pcbatch.runtime.stacks import StackLayout
 
@@ -96,7 +97,7 @@ def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[in
         # Lanes per example, capped so the stacks (every lane has
         # max_stack_depth frames) stay within a budget.
         affordable = tuning.pool_stack_bytes // (frame_bytes(prog) * options.max_stack_depth)
-        lanes = max(batch, min(tuning.lanes_per_example * batch, affordable, tuning.max_pool_lanes))
+        lanes = max(batch, min(uncapped_pool(batch, tuning), affordable))
     width = options.lane_width or max(tuning.min_lane_width, min(tuning.width_per_example * batch,
                                                                  tuning.max_lane_width))
     scheduler = get_scheduler(options.schedule)
@@ -114,8 +115,13 @@ def first_stack_depth(prog: StackProgram, batch: int, options: Options) -> int:
     tuning, depth = options.tuning, options.tuning.pool_first_stack_depth
     if not prog.has_forks or options.max_lanes is not None or not 0 < depth < options.max_stack_depth:
         return 0
-    lanes = machine_config(prog, batch, options)[0]
-    return depth if lanes < max(batch, min(tuning.lanes_per_example * batch, tuning.max_pool_lanes)) else 0
+    return depth if machine_config(prog, batch, options)[0] < uncapped_pool(batch, tuning) else 0
+
+
+def uncapped_pool(batch: int, tuning: Tuning) -> int:
+    """The default lane pool before the stack budget: `lanes_per_example` per
+    example, at most `max_pool_lanes`, never fewer than the batch."""
+    return max(batch, min(tuning.lanes_per_example * batch, tuning.max_pool_lanes))
 
 
 def frame_bytes(prog: StackProgram) -> int:
@@ -132,9 +138,9 @@ def fork_choice(prog: StackProgram, signature: Signature, options: Options, trac
     batch = signature.local_batch
     lanes, _ = machine_config(prog, batch, options)
     pool_bytes = frame_bytes(prog) * options.max_stack_depth * lanes
-    if not traced and signature.sharding is None and first_stack_depth(prog, batch, options):
-        # An eager call runs on shallow stacks first: its pool is that one.
-        lanes = machine_config(prog, batch, options.replace(max_stack_depth=first_stack_depth(prog, batch, options)))[0]
+    shallow = first_stack_depth(prog, batch, options) if not traced and signature.sharding is None else 0
+    if shallow:  # an eager call runs on shallow stacks first: its pool is that one
+        lanes = machine_config(prog, batch, options.replace(max_stack_depth=shallow))[0]
     return choose_fork(prog, batch, lanes, pool_bytes, traced, options.tuning,
                        measurable=signature.sharding is None)
 
@@ -266,7 +272,7 @@ def executable(target: BoundFunction, callee: Callee, signature: Signature, opti
     choose alike."""
     choice = None
     fork = options.fork if fork is None else fork
-    learned = getattr(options.schedule, "info", {}).get("forks") if not isinstance(options.schedule, str) else None
+    learned = options.schedule.info.get("forks") if isinstance(options.schedule, Policy) else None
     if fork == "auto" and learned is not None:
         choice = ForkChoice(learned, f"a learned schedule runs the program it was learned on (fork={learned})")
         fork = learned

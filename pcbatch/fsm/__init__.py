@@ -96,7 +96,7 @@ def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000,
     config = config if config is not None else QConfig()
     policy = learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
                                progress=progress, config=config)
-    # `fork="auto"` then runs the program the policy was learned on (`Policy.forks`).
+    # `fork="auto"` then runs the program the policy was learned on (`executable` in pcbatch/compile.py).
     policy.info["forks"] = f.lowered(*sample_args).has_forks
     return policy
 

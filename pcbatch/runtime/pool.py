@@ -180,7 +180,8 @@ class PoolMachine:
             if v in regs:
                 regs[v] = tree_map(lambda r, y: r.at[:B].set(y), regs[v], cast_to(x, types[v], B))
         examples = jnp.arange(B, dtype=idx)
-        lane = workspace["lane"].at[:B].set(self.child_rows(jnp.full((B,), -1, idx), jnp.zeros((B,), idx), examples))
+        roots = self.child_rows(jnp.full((B,), -1, idx), jnp.zeros((B,), idx), examples)
+        lane = workspace["lane"].at[:B].set(roots)
         entry, nb = self.prog.entry_block, self.prog.num_blocks
         running = jnp.ones((B,), bool) if active is None else active  # padding examples start halted
         slot = jnp.where(running, jnp.cumsum(running, dtype=idx) - 1, M)
@@ -190,6 +191,8 @@ class PoolMachine:
                         jnp.zeros((nb,), idx).at[entry].set(jnp.sum(running, dtype=idx)))
         pc = jnp.full((M,), self.free, idx).at[:B].set(jnp.where(running, entry, self.halt))
         return PoolState(
+            # Every pc is set, but written into the workspace's buffer: a fresh array would be the
+            # call's temporary memory (what test_pool_workspace.py measures), not the donated one.
             pc=workspace["pc"].at[:].set(pc),
             lane=lane,
             regs=regs,
