@@ -30,8 +30,10 @@ on a 2-core CPU under a load of 5-7, most of it compiling and TFP) with
 * **pcbatch**: `pcbatch.mcmc.nuts` (recursive single-chain NUTS, autobatched:
   one program for all transitions, so chains desynchronize across
   trajectories), the sampler's default configuration (`GradientLast`: every
-  gradient step waits for every running chain; one leapfrog step per leaf).
-  `--variants` adds `pcbatch/quorum` (`GradientQuorum`: a gradient step once
+  gradient step waits for every running chain; one leapfrog step per leaf;
+  `leaves_per_step` as `nuts.sample`'s "auto" picks it).
+  `--variants` adds `pcbatch/1leaf` and `pcbatch/2leaves` (`leaves_per_step`
+  forced),  `pcbatch/quorum` (`GradientQuorum`: a gradient step once
   half the running chains wait for one) and `pcbatch/4` (4 leapfrogs per leaf
   as Radul et al. did: other trajectories, leaves of 4 steps of size step/4)
   and `pcbatch/nofollow` (`GradientLast(follow=False)`: every control block
@@ -60,7 +62,7 @@ in distribution. "Useful" gradients are those the chains' trajectories need
 (`num_integration_steps`, NumPyro's `num_steps`, TFP's `leapfrogs_taken`,
 summed). "Utilization" is useful / executed gradient lanes (Radul et al.,
 Fig. 7): for pcbatch, executed = chains x (times the machine ran its leaf
-block) x 2 leaves per leaf block x leapfrogs per leaf, the leaf block counted
+block) x leaves per leaf block x leapfrogs per leaf, the leaf block counted
 by a scheduler that reports its choices, in a separate untimed run; for the
 vmapped samplers every transition runs until its slowest chain is done, so
 executed = chains x sum over transitions of the longest trajectory (a lower
@@ -202,14 +204,17 @@ class Run:
     positions: np.ndarray | None = None   # one call's draws, [chains, transitions, dim]
 
 
-PCBATCH_VARIANTS = {"": (1, "gradient_last"), "quorum": (1, "gradient_quorum"), "4": (4, "gradient_last"),
-                    "nofollow": (1, "gradient_last_nofollow")}
+PCBATCH_VARIANTS = {"": (1, "gradient_last", "auto"), "quorum": (1, "gradient_quorum", "auto"),
+                    "4": (4, "gradient_last", "auto"), "nofollow": (1, "gradient_last_nofollow", "auto"),
+                    "1leaf": (1, "gradient_last", 1), "2leaves": (1, "gradient_last", 2)}
 
 
 def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth: int, variant: str) -> Run:
-    lpl, schedule = PCBATCH_VARIANTS[variant]
+    lpl, schedule, leaves = PCBATCH_VARIANTS[variant]
+    if leaves == "auto":  # as `nuts.sample` chooses
+        leaves = nuts.auto_leaves_per_step(p.target.logdensity, x0)
     make = functools.partial(nuts.sampler, p.target.logdensity, num_samples=samples, max_tree_depth=depth,
-                             leapfrogs_per_leaf=lpl, uturn_criterion="numpyro")
+                             leapfrogs_per_leaf=lpl, uturn_criterion="numpyro", leaves_per_step=leaves)
     args = nuts.prepare(x0, keys, p.step_size / lpl, None, samples)[0]
     if schedule == "gradient_last_nofollow":   # each control block a step of its own (before 2026-11-26)
         schedule = nuts.GradientLast(nuts.leaf_block(make().lowered(*args)), follow=False)
@@ -223,7 +228,7 @@ def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth:
     # (Each traced step runs a block for at least one lane: the blocks all lanes ran bound them.)
     trace = prog.trace(*args, steps=int(np.sum(np.asarray(status.blocks_run))))
     leaf = nuts.leaf_block(prog.lowered(*args))
-    executed = int(np.sum(trace.blocks == leaf)) * x0.shape[0] * lpl * 2   # two leaves per leaf block
+    executed = int(np.sum(trace.blocks == leaf)) * x0.shape[0] * lpl * leaves   # leaves per leaf block
     # Timed as `checked`: interleaved with BlackJAX, the plain call (`nuts.sample`'s) measured 1.3-2x
     # slower than `checked` although alone the two take the same time (2026-11-26; not understood).
     return Run(lambda: prog.checked(*args), int(np.asarray(out.info.num_integration_steps).sum()), executed,
@@ -491,7 +496,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tree-depth", type=int, default=10)
     ap.add_argument("--peers", default=",".join(PEERS), help="of " + ", ".join(PEERS))
-    ap.add_argument("--variants", default="", help="pcbatch configurations besides the default: quorum, 4, nofollow")
+    ap.add_argument("--variants", default="",
+                    help="pcbatch configurations besides the default: quorum, 4, nofollow, 1leaf, 2leaves")
     ap.add_argument("--figure", default="nuts_benchmark.png", help="where to save the figure ('' for none)")
     args = ap.parse_args()
     chain_counts = [int(c) for c in args.chains.split(",")]

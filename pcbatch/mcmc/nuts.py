@@ -236,6 +236,14 @@ def _pair(logdensity_fn, steps, depth, edge, acc, inv_mass, max_delta_energy, cr
             jnp.where(use2, valid2, valid1))
 
 
+def _single(logdensity_fn, steps, depth, edge, acc, inv_mass, max_delta_energy, criterion):
+    """The bottom of the recursion as `_pair`'s, one leaf per machine step: a
+    subtree of depth 0. Nothing is wasted, but every leaf pays the blocks
+    between gradient steps (`leaves_per_step`)."""
+    edge1, acc1 = _leaf(logdensity_fn, steps, edge, acc, inv_mass, max_delta_energy)
+    return edge1, acc1, edge1.p, edge1.p, ~acc1.divergent
+
+
 def _start(x, p, g, logp):
     edge = Edge(x, p, g, logp)
     return Trajectory(left=edge, right=edge, rho=p, log_weight=jnp.zeros((), x.dtype),
@@ -388,7 +396,8 @@ def report_intervals(chains: int, num_transitions: int, every: int) -> jax.Array
 
 def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, target_accept: float,
                   max_tree_depth: int, leapfrogs_per_leaf: int, max_delta_energy: float,
-                  uturn_criterion: str, adaptation: str = "step_size", progress: bool = False) -> Callable:
+                  uturn_criterion: str, adaptation: str = "step_size", progress: bool = False,
+                  leaves_per_step: int = 2) -> Callable:
     """`run_chains(x, key, noise, step_size, inv_mass, report_every)` for one chain, autobatched;
     the batch axis of `step_size` / `inv_mass` is chosen per call (`sampler`).
     With `adaptation="window"` the warm-up also adapts `inv_mass` (Stan's
@@ -401,14 +410,19 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
     depth-1) with its left spine unrolled into a loop: the same binary tree
     and the same no-U-turn checks, but every call starts with its leaf, so
     between two gradient evaluations a chain runs few blocks (the leaf, then
-    a call, or a return and a join per finished level)."""
+    a call, or a return and a join per finished level). With
+    `leaves_per_step` 2 the first two leaves are one block (`_pair`) and the
+    loop starts at depth 1."""
+
+    bottom = _pair if leaves_per_step == 2 else _single
+    first = leaves_per_step - 1  # the depth of the subtree `bottom` builds when it can
 
     @pcbatch.autobatch
     def build_tree(depth, edge, acc, inv_mass):
-        edge, acc, rho, p_beg, valid = _pair(logdensity_fn, leapfrogs_per_leaf, depth, edge, acc,
-                                             _mass(acc.inv_mass, inv_mass), max_delta_energy, uturn_criterion)
-        level = 1
-        if (depth > 1) & valid:
+        edge, acc, rho, p_beg, valid = bottom(logdensity_fn, leapfrogs_per_leaf, depth, edge, acc,
+                                              _mass(acc.inv_mass, inv_mass), max_delta_energy, uturn_criterion)
+        level = first
+        if (depth > first) & valid:
             while True:
                 p_end = _seam(edge.p, uturn_criterion)
                 edge, acc, sub = build_tree(level, edge, acc, inv_mass)
@@ -564,10 +578,10 @@ class GradientQuorum:
 
 
 def leaf_block(prog: Any) -> int:
-    """Index of the leaf block (the one calling `_pair`: every gradient) in a lowered program."""
+    """Index of the leaf block (the one calling `_pair` or `_single`: every gradient) in a lowered program."""
     import inspect
     src, start = inspect.getsourcelines(_make_program)
-    line = start + next(i for i, text in enumerate(src) if "= _pair(" in text)
+    line = start + next(i for i, text in enumerate(src) if "= bottom(" in text)
     found = [i for i, b in enumerate(prog.blocks)
              if any(getattr(op, "loc", None) is not None and op.loc.lineno == line for op in b.ops)]
     if len(found) != 1:
@@ -578,9 +592,10 @@ def leaf_block(prog: Any) -> int:
 @functools.lru_cache(maxsize=64)
 def _cached(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_depth, leapfrogs_per_leaf,
             max_delta_energy, uturn_criterion, step_axis, mass_axis, schedule, adaptation="step_size",
-            progress=False):
+            progress=False, leaves_per_step=2):
     run_chains = _make_program(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_depth,
-                               leapfrogs_per_leaf, max_delta_energy, uturn_criterion, adaptation, progress)
+                               leapfrogs_per_leaf, max_delta_energy, uturn_criterion, adaptation, progress,
+                               leaves_per_step)
     # Frames: run_chains, then build_tree for the doubling and its nested subtrees.
     in_axes = (0, 0, 0, step_axis, mass_axis, 0)
     prog = pcbatch.autobatch(run_chains, in_axes=in_axes, max_stack_depth=max_tree_depth + 2)
@@ -598,7 +613,7 @@ def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, t
             max_tree_depth: int = 10, leapfrogs_per_leaf: int = 1, max_delta_energy: float = 1000.0,
             uturn_criterion: str = "stan", per_chain_step_size: bool = False,
             per_chain_mass: bool = False, schedule: Any = "gradient_last", adaptation: str = "step_size",
-            progress: bool = False) -> pcbatch.Autobatched:
+            progress: bool = False, leaves_per_step: int = 2) -> pcbatch.Autobatched:
     """The autobatched program `run_chains(positions, keys, noise, step_size, inverse_mass_matrix,
     report_every)` (arguments as `prepare` makes them; options as `sample`'s; `progress`:
     chains report to the progress bar every `report_every` transitions).
@@ -616,10 +631,46 @@ def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, t
                          "num_warmup at least 0")
     if not 0.0 < target_accept < 1.0:
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
+    if leaves_per_step not in (1, 2):
+        raise ValueError(f"leaves_per_step must be 1 or 2 (or 'auto' in `sample`), got {leaves_per_step!r}")
     return _cached(logdensity_fn, int(num_samples), int(num_warmup), float(target_accept), int(max_tree_depth),
                    int(leapfrogs_per_leaf), float(max_delta_energy), uturn_criterion,
                    0 if per_chain_step_size else None, 0 if per_chain_mass else None, schedule,
-                   adaptation if num_warmup > 0 else "step_size", bool(progress))
+                   adaptation if num_warmup > 0 else "step_size", bool(progress), int(leaves_per_step))
+
+
+# `auto_leaves_per_step`: one leaf per step once a gradient costs more XLA
+# flops than this per step plus this per chain (2-core CPU, 2026-11-26).
+SINGLE_LEAF_FLOPS = (2 ** 21, 2 ** 17)
+
+
+def auto_leaves_per_step(logdensity_fn: Callable, initial_positions: Any) -> int:
+    """`sample`'s `leaves_per_step="auto"`: 1 where a gradient costs more than
+    the machine steps that pairs of leaves save, else 2.
+
+    Two leaves per step halve the machine steps between gradients but waste
+    one gradient per transition (its first doubling needs one leaf). A step's
+    fixed cost is shared by the chains, so the rule is per chain: one leaf
+    where XLA's flop count of `value_and_grad` is at least `SINGLE_LEAF_FLOPS[0]
+    / chains + SINGLE_LEAF_FLOPS[1]`. Measured (`benchmarks/nuts.py`): Bayesian
+    logistic regression on 10,000 points (4.2 Mflop) runs 1.08-1.15x faster
+    with one leaf at 1, 16 and 128 chains, the 100-d Gaussian (41 kflop)
+    1.4-1.7x slower."""
+    x = initial_positions if isinstance(initial_positions, jax.Array) else jnp.asarray(initial_positions)
+    chains = x.shape[0] if x.ndim == 2 else 1
+    flops = _gradient_flops(logdensity_fn, x.shape[-1], jnp.dtype(x.dtype).name)
+    if flops is None:  # no cost model on this backend: the default
+        return 2
+    per_step, per_chain = SINGLE_LEAF_FLOPS
+    return 1 if flops >= per_step / chains + per_chain else 2
+
+
+@functools.lru_cache(maxsize=64)
+def _gradient_flops(logdensity_fn: Callable, dim: int, dtype: str) -> float | None:
+    one = jax.ShapeDtypeStruct((dim,), dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32)
+    cost = jax.jit(jax.value_and_grad(logdensity_fn)).lower(one).cost_analysis()
+    flops = (cost or {}).get("flops")
+    return None if flops is None else float(flops)
 
 
 def _raw_keys(keys: Any, chains: int) -> jax.Array:
@@ -684,7 +735,7 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
            target_accept: float = 0.8, max_tree_depth: int = 10, leapfrogs_per_leaf: int = 1,
            max_delta_energy: float = 1000.0, uturn_criterion: str = "stan",
            schedule: Any = "gradient_last", progress_bar: bool = False,
-           progress_every: int | None = None) -> NUTSOutput:
+           progress_every: int | None = None, leaves_per_step: Any = "auto") -> NUTSOutput:
     """Run `num_warmup + num_samples` NUTS transitions on each chain, all
     chains in ONE autobatched program (chains never wait for each other at
     transition boundaries, only at gradient steps).
@@ -730,6 +781,11 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
         (default: a tenth). Only one chain reports, so the loop calls the host
         about ten times per run. Off by default; results do not depend on it
         (see benchmarks/README.md for its cost).
+      leaves_per_step: 2: the first two leaves of every subtree in one machine
+        step, so half the steps between gradients, but a transition's first
+        doubling (one leaf) computes a second, wasted one. 1: one leaf per step,
+        nothing wasted. "auto" (default): 1 where gradients dominate the machine's
+        steps (`auto_leaves_per_step`). Results do not depend on it.
 
     Returns:
       `NUTSOutput(position [chains, num_samples, dim], logdensity [chains, num_samples],
@@ -755,7 +811,9 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
                    max_tree_depth=max_tree_depth, leapfrogs_per_leaf=leapfrogs_per_leaf,
                    max_delta_energy=max_delta_energy, uturn_criterion=uturn_criterion,
                    per_chain_step_size=per_step, per_chain_mass=per_mass, schedule=schedule,
-                   adaptation=adaptation, progress=progress_bar)
+                   adaptation=adaptation, progress=progress_bar,
+                   leaves_per_step=auto_leaves_per_step(logdensity_fn, args[0])
+                   if leaves_per_step == "auto" else leaves_per_step)
     if not progress_bar:
         return prog(*args)
     bar = _ProgressBar(total, args[0].shape[0], "NUTS")

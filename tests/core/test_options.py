@@ -86,7 +86,7 @@ def test_options_object_keywords_and_with_options_agree():
 
 @pytest.mark.parametrize("tuning", [
     pcbatch.Tuning(max_widths=1),
-    pcbatch.Tuning(min_width=1, max_widths=8),
+    pcbatch.Tuning(min_width=1, max_widths=3),
     pcbatch.Tuning(large_register_bytes=1, switch_max_leaves=-1),
     pcbatch.Tuning(lanes_per_example=2, width_per_example=1, min_lane_width=1),
 ])

@@ -92,12 +92,36 @@ def test_differential_2d_uturns_and_schedules():
     assert isinstance(last.scheduler, nuts.GradientLast)
     assert last.scheduler.leaf == nuts.leaf_block(last.lowered(*args))
     quorum = last.with_schedule(nuts.GradientQuorum(last.scheduler.leaf))
-    _assert_same(last(*args), ref)
     _assert_same(quorum(*args), ref)
     _assert_same(quorum.with_schedule("earliest")(*args), ref)
     visits = [t.blocks.count(quorum.scheduler.leaf) for t in quorum.reference_trace(*args)]
     trace = last.trace(*args)  # GradientLast runs the leaf block once for every chain waiting there
     assert not trace.truncated and int(np.sum(trace.blocks == quorum.scheduler.leaf)) == max(visits) < sum(visits)
+    # One leaf per step: the same draws, and no leaf wasted (a chain visits the
+    # leaf block once per gradient it needs; the pairs wasted one per transition).
+    single = nuts.sampler(LOGP2, num_samples=8, max_tree_depth=6, leaves_per_step=1)
+    _assert_same(single(*args), ref)
+    trace = single.trace(*args)
+    assert not trace.truncated and int(np.sum(trace.blocks == single.scheduler.leaf)) == steps.sum(axis=1).max()
+    assert steps.sum(axis=1).max() < 2 * max(visits)
+
+
+def test_leaves_per_step_auto_follows_the_gradient_cost():
+    rng = np.random.default_rng(0)
+
+    def quadratic(dim):  # a gradient of ~4 dim^2 flops
+        a = jnp.asarray(rng.standard_normal((dim, dim)) / dim, jnp.float32)
+        return lambda x: -0.5 * jnp.sum((a @ x) ** 2)
+
+    expensive, medium = quadratic(1000), quadratic(300)   # ~4 Mflop, ~0.36 Mflop
+    assert nuts.auto_leaves_per_step(expensive, jnp.zeros((1, 1000))) == 1
+    assert nuts.auto_leaves_per_step(expensive, jnp.zeros((128, 1000))) == 1
+    # The step's fixed cost is shared by the chains: worth a leaf only with many of them.
+    assert nuts.auto_leaves_per_step(medium, jnp.zeros((1, 300))) == 2
+    assert nuts.auto_leaves_per_step(medium, jnp.zeros((128, 300))) == 1
+    assert nuts.auto_leaves_per_step(LOGP2, jnp.zeros((128, 2))) == 2
+    with pytest.raises(ValueError, match="leaves_per_step"):
+        nuts.sampler(LOGP2, num_samples=2, leaves_per_step=3)
 
 
 def test_differential_5d_leapfrogs_per_leaf_per_chain_step_and_max_depth():
