@@ -21,7 +21,7 @@ def test_every_schedule_gives_the_same_answers(case):
     f = case.fn.with_options(fork=False)
     args = case.args(case.batch(BATCH))
     want = case.fn.reference(*args)
-    policy = fsm.learn(f, *args, trials=10, seed=0, progress=False)
+    policy = fsm.learn(f, *args, trials=3, seed=0, progress=False)  # any policy will do: few trials
     for schedule in ("depth", "agenda", "returns_last", policy):
         got, status = f.with_schedule(schedule).checked(*args)
         assert not status.unfinished.any() and not status.overflow.any(), schedule

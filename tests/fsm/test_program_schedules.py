@@ -41,7 +41,7 @@ def test_named_schedules_agree_with_python_and_simulation(f, x, name):
 
 @pytest.mark.parametrize("f,x", CASES, ids=["fib", "collatz"])
 def test_learned_policy_runs_in_the_machine(f, x, tmp_path):
-    policy = fsm.learn(f, x, trials=60, seed=0, progress=False)
+    policy = fsm.learn(f, x, trials=20, seed=0, progress=False)  # any policy: the machine must follow it
     graph = fsm.record(f, x)
     simulated = fsm.simulate(graph, policy).steps
     assert fsm.lower_bound(graph) <= simulated
@@ -136,7 +136,7 @@ def test_forked_programs_match_the_dag_simulation(case, tree_case):
     f, args = _fork_cases(tree_case)[case]
     graph = fsm.record(f, *args)
     want = f.reference(*args)
-    policy = fsm.learn(f, *args, trials=40, seed=0, progress=False)
+    policy = fsm.learn(f, *args, trials=10, seed=0, progress=False)  # any policy: the machine must follow it
     returns_last = fsm.ReturnsLast().for_program(f.lowered(*args))
     for name, host in [("earliest", fsm.Earliest()), ("depth", fsm.Depth()), ("agenda", fsm.Agenda()),
                        ("returns_last", returns_last), ("fsm", policy)]:
