@@ -78,8 +78,9 @@ def test_forward_mode_through_jit(f):
     y, dy = jax.jvp(g, (x,), (t,))
     assert_close(y, want_y)
     assert_close(dy, want_dy)
-    y, lin = jax.linearize(g, x)
-    assert_close(lin(t), want_dy)
+    if f is junk:  # the plain machine only: another compile of the pool's forward mode
+        y, lin = jax.linearize(g, x)
+        assert_close(lin(t), want_dy)
     assert_close(jax.jacfwd(g)(x), jax.jacfwd(lambda x: f.reference(x, n))(x))
 
 
