@@ -32,9 +32,9 @@ on a 2-core CPU under a load of 5-7, most of it compiling and TFP) with
   trajectories), the sampler's default configuration (`GradientLast`: every
   gradient step waits for every running chain; one leapfrog step per leaf;
   `leaves_per_step` as `nuts.sample`'s "auto" picks it).
-  `--variants` adds `pcbatch/1leaf` and `pcbatch/2leaves` (`leaves_per_step`
-  forced),  `pcbatch/quorum` (`GradientQuorum`: a gradient step once
-  half the running chains wait for one) and `pcbatch/4` (4 leapfrogs per leaf
+  `--variants` adds `pcbatch/1leaf`, `pcbatch/2leaves`, `pcbatch/4leaves` and
+  `pcbatch/8leaves` (`leaves_per_step` forced), `pcbatch/quorum` (`GradientQuorum`:
+  a gradient step once half the running chains wait for one), `pcbatch/4` (4 leapfrogs per leaf
   as Radul et al. did: other trajectories, leaves of 4 steps of size step/4)
   and `pcbatch/nofollow` (`GradientLast(follow=False)`: every control block
   between two gradient steps a VM step of its own, as before 2026-11-26);
@@ -206,7 +206,8 @@ class Run:
 
 PCBATCH_VARIANTS = {"": (1, "gradient_last", "auto"), "quorum": (1, "gradient_quorum", "auto"),
                     "4": (4, "gradient_last", "auto"), "nofollow": (1, "gradient_last_nofollow", "auto"),
-                    "1leaf": (1, "gradient_last", 1), "2leaves": (1, "gradient_last", 2)}
+                    "1leaf": (1, "gradient_last", 1), "2leaves": (1, "gradient_last", 2),
+                    "4leaves": (1, "gradient_last", 4), "8leaves": (1, "gradient_last", 8)}
 
 
 def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth: int, variant: str) -> Run:
@@ -497,7 +498,8 @@ def main() -> None:
     ap.add_argument("--max-tree-depth", type=int, default=10)
     ap.add_argument("--peers", default=",".join(PEERS), help="of " + ", ".join(PEERS))
     ap.add_argument("--variants", default="",
-                    help="pcbatch configurations besides the default: quorum, 4, nofollow, 1leaf, 2leaves")
+                    help="pcbatch configurations besides the default: quorum, 4, nofollow, "
+                         "1leaf, 2leaves, 4leaves, 8leaves")
     ap.add_argument("--figure", default="nuts_benchmark.png", help="where to save the figure ('' for none)")
     args = ap.parse_args()
     chain_counts = [int(c) for c in args.chains.split(",")]

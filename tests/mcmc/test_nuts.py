@@ -145,13 +145,16 @@ def test_differential_divergences_per_chain_mass():
     chains = 5
     x0 = jax.random.normal(jax.random.PRNGKey(4), (chains, 3))
     inv_mass = jnp.abs(jax.random.normal(jax.random.PRNGKey(5), (chains, 3))) + 0.5
-    out, ref, _ = _run_both(LOGP3, x0, _keys(6, chains), 0.3, inv_mass,
-                            num_samples=6, max_tree_depth=5, max_delta_energy=5.0,
-                            uturn_criterion="numpyro")
+    options = dict(num_samples=6, max_tree_depth=5, max_delta_energy=5.0, uturn_criterion="numpyro")
+    out, ref, args = _run_both(LOGP3, x0, _keys(6, chains), 0.3, inv_mass, **options)
     _assert_same(out, ref)
     div = np.asarray(out.info.is_divergent)
     assert div.any() and not div.all()
     assert not np.asarray(out.info.is_turning)[div].any()
+    # Four leaves per step: trees cut short by a divergence or a U-turn inside
+    # the unrolled bottom (the rest of its leaves wasted), the same draws.
+    quads = nuts.sampler(LOGP3, per_chain_mass=True, leaves_per_step=4, **options)
+    _assert_same(quads(*args), ref)
 
 
 def test_differential_warmup():
