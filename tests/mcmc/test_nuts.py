@@ -76,7 +76,7 @@ def _keys(seed, chains):
 
 
 def test_differential_2d_uturns_and_schedules():
-    chains = 6
+    chains = 4
     x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
     out, ref, args = _run_both(LOGP2, x0, _keys(0, chains), 0.3, None, num_samples=8, max_tree_depth=6)
     _assert_same(out, ref)

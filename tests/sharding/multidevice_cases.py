@@ -5,7 +5,7 @@ process has already initialized JAX with one device). Not collected on its own
 
 Every sharded result is compared with the same function run unsharded on one
 device (the single-device machine) and, where cheap, with `.reference` (the
-original Python): ints exactly, floats to rtol 1e-6 (NUTS: 1e-5).
+original Python): ints exactly, floats to rtol 1e-6. (NUTS under a mesh: test_multi_process.py.)
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from pcbatch.runtime import run_machine
 from benchmarks.sharding import collectives, compiled_text
 from pcbatch import data
 from pcbatch.errors import MaxStepsExceededError, StackOverflowError
-from pcbatch.mcmc import nuts
 from pcbatch.models import nary
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "core"))
@@ -237,19 +236,3 @@ def test_nary_tree_lstm():
     prog = fn.lowered(*args)
     assert prog.has_forks and sharded.lowered(*args).lanes == machine_config(prog, 3, fn.options)[0] < prog.lanes
     assert int(status.peak_lanes) > 10                     # the trees forked
-
-
-# --- NUTS -----------------------------------------------------------------
-
-def _logp(x):
-    return -0.5 * jnp.sum(x * x / jnp.array([1.0, 4.0]))
-
-
-def test_nuts_sample():
-    keys = jax.random.split(jax.random.PRNGKey(1), 6)
-    x0 = jax.random.normal(jax.random.PRNGKey(2), (6, 2))
-    options = dict(step_size=0.5, num_samples=3, max_tree_depth=4)
-    want = nuts.sample(_logp, x0, keys, **options)
-    with pcbatch.sharded(MESH4):
-        got = nuts.sample(_logp, x0, keys, **options)
-    assert_same(got, want, rtol=1e-5, atol=1e-5)

@@ -2,8 +2,8 @@
 
 The main pytest process has initialized JAX with one CPU device, so the
 multi-device tests (`multidevice_cases.py`: corpus programs, padding, batch
-sizes, a 2-device mesh, jit, errors, a TreeLSTM batch and NUTS, each against
-the single-device run) run in a subprocess with
+sizes, a 2-device mesh, jit, errors and a TreeLSTM batch, each against
+the single-device run; NUTS: `test_multi_process.py`) run in a subprocess with
 `XLA_FLAGS=--xla_force_host_platform_device_count=4`. Here: argument checks,
 a 1-device mesh, and the runtime's `active` mask.
 """
