@@ -5,7 +5,7 @@ import dataclasses
 import functools
 import inspect
 import types
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,7 @@ from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, refer
 from pcbatch.compile import Cache, Executable, Signature, block_ir, executable, first_stack_depth, measure_fork
 from pcbatch.errors import Loc, OptionError, UnsupportedSyntaxError
 from pcbatch.frontend import BoundFunction
-from pcbatch.fsm import get_scheduler
+from pcbatch.fsm import Policy, get_scheduler
 from pcbatch.ir.core import Program, StackProgram
 from pcbatch.ir.interpret import Trace, run_stack_program
 from pcbatch.memory import LayoutReport, layout_program
@@ -27,6 +27,9 @@ from pcbatch.runtime import Status
 from pcbatch.runtime.grad import TapeInfo, is_float
 from pcbatch.runtime.run import trace_steps
 from pcbatch.runtime.steps import StepTrace
+
+if TYPE_CHECKING:
+    from pcbatch.fsm.graph import ExecGraph
 
 tree_util = jax.tree_util
 
@@ -179,6 +182,31 @@ class Autobatched:
         prog = self._executable(bound)[0].prog
         examples = [failures.example_inputs(prog, bound, i) for i in range(bound.batch)]
         return [run_stack_program(prog, example, max_steps=max_steps) for example in examples]
+
+    def execution_graph(self, *args: Any, **kwargs: Any) -> ExecGraph:
+        """What this function executes on a sample batch, as a
+        `pcbatch.fsm.ExecGraph` (`reference_trace`'s traces: one chain of
+        blocks per example, with fork-join a DAG), for `fsm.simulate` and
+        `learn_schedule`. Under `fork="auto"` it is the machine the first eager
+        call keeps (run here if no call has decided yet)."""
+        from pcbatch.fsm.graph import ExecGraph
+        exe, _ = self.executable(*args, **kwargs)
+        if exe.fork_choice is not None and exe.fork_choice.measure:
+            self(*args, **kwargs)
+        return ExecGraph.from_traces(self.reference_trace(*args, **kwargs), self.lowered(*args, **kwargs).num_blocks)
+
+    def learn_schedule(self, *sample_args: Any, encoding: str = "sort", trials: int = 1000, seed: int = 0,
+                       progress: bool = True, config: Any = None) -> Policy:
+        """A scheduling `pcbatch.fsm.Policy` learned offline (Q-learning over
+        `execution_graph(*sample_args)`); run it with `with_schedule(policy)`.
+        Under `fork="auto"` the policy records the machine it was learned on,
+        and `fork="auto"` keeps to it wherever the policy schedules."""
+        from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
+        graph = self.execution_graph(*sample_args)
+        policy = learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
+                                   progress=progress, config=config if config is not None else QConfig())
+        policy.info["forks"] = self.lowered(*sample_args).has_forks  # read by `compile.executable`
+        return policy
 
     def executable(self, *args: Any, **kwargs: Any) -> tuple[Executable, dict[str, Any]]:
         """The compiled machine for these arguments' signature

@@ -66,24 +66,20 @@ def get_scheduler(schedule: Any, prog: Any = None) -> Scheduler:
 
 
 def record(f: Any, *sample_args: Any) -> ExecGraph:
-    """What the autobatched `f` executes on a sample batch, as an `ExecGraph`,
-    from the reference tracer (`f.reference_trace`): one chain of blocks per
-    example, and with fork-join a DAG (a forked call's lane starts after its
-    Fork; the Join waits for every child's last block). A replay of it is the
-    machine's run when every step runs all lanes waiting at its block and the
-    lane pool never runs out: pass `lane_width` and `max_lanes` large enough
-    for the batch for the device's step counts to match."""
-    from pcbatch.fsm.graph import ExecGraph
-    exe, _ = f.executable(*sample_args)
-    if exe.fork_choice is not None and exe.fork_choice.measure:
-        f(*sample_args)  # fork="auto" decides on the first eager call: record the machine it keeps
-    prog = f.lowered(*sample_args)
-    return ExecGraph.from_traces(f.reference_trace(*sample_args), prog.num_blocks)
+    """What the autobatched `f` executes on a sample batch, as an `ExecGraph`
+    (`f.execution_graph`): one chain of blocks per example, and with
+    fork-join a DAG (a forked call's lane starts after its Fork; the Join
+    waits for every child's last block). A replay of it is the machine's run
+    when every step runs all lanes waiting at its block and the lane pool
+    never runs out: pass `lane_width` and `max_lanes` large enough for the
+    batch for the device's step counts to match."""
+    return f.execution_graph(*sample_args)
 
 
 def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000, seed: int = 0,
           progress: bool = True, config: QConfig | None = None) -> Policy:
-    """Learn a scheduling policy for `f` from one sample batch (offline, in NumPy).
+    """Learn a scheduling policy for `f` from one sample batch (offline, in
+    NumPy; `f.learn_schedule`).
 
     Use it with `f.with_schedule(policy)` or `autobatch(..., schedule=policy)`;
     it applies to programs lowered with the same shared/batched arguments.
@@ -91,14 +87,8 @@ def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000,
     after the first call's choice), and `fork="auto"` keeps to that machine
     wherever the policy schedules.
     """
-    from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
-    graph = record(f, *sample_args)
-    config = config if config is not None else QConfig()
-    policy = learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
-                               progress=progress, config=config)
-    # `fork="auto"` then runs the program the policy was learned on (`executable` in pcbatch/compile.py).
-    policy.info["forks"] = f.lowered(*sample_args).has_forks
-    return policy
+    return f.learn_schedule(*sample_args, encoding=encoding, trials=trials, seed=seed, progress=progress,
+                            config=config)
 
 
 __all__ = [

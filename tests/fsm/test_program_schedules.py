@@ -64,8 +64,9 @@ def tree_size(tree, node):
 def test_a_learned_policy_runs_the_machine_fork_auto_kept():
     t = data.batch(data.random_binary_trees(8, seed=3, min_leaves=2, max_leaves=12))
     assert tree_size.executable(t, t.root)[0].fork_choice.measure   # not decided before a call
-    policy = fsm.learn(tree_size, t, t.root, trials=20, seed=0, progress=False)
+    policy = tree_size.learn_schedule(t, t.root, trials=20, seed=0, progress=False)   # what fsm.learn calls
     kept = tree_size.lowered(t, t.root)   # the first call decided
+    assert fsm.record(tree_size, t, t.root).num_types == kept.num_blocks
     assert policy.num_types == kept.num_blocks and policy.info["forks"] is kept.has_forks
     g = tree_size.with_schedule(policy)   # a fresh cache: it must not decide again (the policy fits one program)
     np.testing.assert_array_equal(g(t, t.root), tree_size.reference(t, t.root))
