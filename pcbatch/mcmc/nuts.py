@@ -72,11 +72,35 @@ class NUTSOutput(NamedTuple):
     info: NUTSInfo
     step_size: Any                # [chains]
     inverse_mass_matrix: Any = None  # [chains, dim]
+    num_draws: Any = None         # [chains]: rows filled (fewer than num_samples under a gradient budget)
 
     def summary(self) -> dict[str, Any]:
-        """Per coordinate: `mean`, `sd`, split-`rhat` and `ess` over all chains."""
+        """Per coordinate: `mean`, `sd`, split-`rhat` and `ess` over all chains
+        (their first `min(num_draws)` draws: `equal_length`)."""
         from pcbatch.mcmc.diagnostics import summary
-        return summary(self.position)
+        return summary(self.equal_length().position)
+
+    def equal_length(self) -> "NUTSOutput":
+        """Every chain's first `min(num_draws)` draws, the length R-hat and
+        ArviZ need. Without a `gradient_budget` every chain made them all and
+        this is the output itself."""
+        if self.num_draws is None:
+            return self
+        k = int(np.min(np.asarray(self.num_draws)))
+        if k == np.shape(self.logdensity)[1]:
+            return self
+        cut = lambda a: a[:, :k]
+        return self._replace(position=cut(self.position), logdensity=cut(self.logdensity),
+                             info=NUTSInfo(*(cut(a) for a in self.info)))
+
+    @property
+    def last_position(self) -> Any:
+        """Each chain's last draw (`[chains, dim]`): where a next `sample` call
+        continues the chains (with `step_size=out.step_size`,
+        `inverse_mass_matrix=out.inverse_mass_matrix` and fresh keys)."""
+        n = np.shape(self.logdensity)[1] if self.num_draws is None else np.asarray(self.num_draws)
+        last = np.broadcast_to(np.asarray(n) - 1, np.shape(self.position)[:1])
+        return jnp.asarray(self.position)[jnp.arange(last.shape[0]), jnp.asarray(last)]
 
     @property
     def divergences(self) -> np.ndarray:
@@ -94,7 +118,7 @@ class NUTSOutput(NamedTuple):
         `energy`, `step_size`). Other keyword arguments go to `az.from_dict`
         (`coords`, `dims`, ...)."""
         from pcbatch.mcmc.convert import to_arviz
-        return to_arviz(self, unravel_fn=unravel_fn, var_name=var_name, **kwargs)
+        return to_arviz(self.equal_length(), unravel_fn=unravel_fn, var_name=var_name, **kwargs)
 
     to_inference_data = to_arviz
 
@@ -311,10 +335,12 @@ class _Draws(NamedTuple):
 
 
 def _empty_draws(num_samples, x):
+    """Rows a chain never fills (a gradient budget stopped it) read NaN (floats), 0 and False."""
     zeros = lambda shape, dtype: jnp.zeros((num_samples,) + shape, dtype)
-    return _Draws(zeros(x.shape, x.dtype), zeros((), x.dtype),
-                  NUTSInfo(zeros((), x.dtype), zeros((), bool), zeros((), bool), zeros((), jnp.int32),
-                           zeros((), jnp.int32), zeros((), x.dtype)))
+    nans = lambda shape: jnp.full((num_samples,) + shape, jnp.nan, x.dtype)
+    return _Draws(nans(x.shape), nans(()),
+                  NUTSInfo(nans(()), zeros((), bool), zeros((), bool), zeros((), jnp.int32),
+                           zeros((), jnp.int32), nans(())))
 
 
 def _record(draws, j, x, logp, stats):
@@ -394,11 +420,13 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
                   max_tree_depth: int, leapfrogs_per_leaf: int, max_delta_energy: float,
                   uturn_criterion: str, adaptation: str = "step_size", progress: bool = False,
                   leaves_per_step: int = 2) -> Callable:
-    """`run_chains(x, key, noise, step_size, inv_mass, report_every)` for one chain, autobatched;
+    """`run_chains(x, key, noise, step_size, inv_mass, budget, report_every)` for one chain, autobatched;
     the batch axis of `step_size` / `inv_mass` is chosen per call (`sampler`).
     With `adaptation="window"` the warm-up also adapts `inv_mass` (Stan's
     windows, `adaptation.py`); with `progress` a chain reports to the host
-    every `report_every` transitions (`report_intervals`: only the last chain).
+    every `report_every` transitions (`report_intervals`: only the last chain);
+    a chain stops after the transition in which its gradient evaluations reach
+    `budget` (`sample`'s `gradient_budget`).
 
     `build_tree(depth, ...)` returns the subtree of 2**depth leaves after
     the edge: its first leaf, then subtrees of depth 0, 1, ..., depth-1 joined
@@ -442,7 +470,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
     def report(i):
         return _report(progress, i)
 
-    def run_chains(x, key, noise, step_size, inv_mass, report_every):
+    def run_chains(x, key, noise, step_size, inv_mass, budget, report_every):
         logp, g = jax.value_and_grad(logdensity_fn)(x)
         draws = _empty_draws(num_samples, x)
         adapt = _adaptation_start(step_size, x.dtype)
@@ -452,6 +480,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
         i = 0
         depth = 0
         n_leaves = 0
+        used = 0  # gradient evaluations so far (`budget`)
         sum_metro = jnp.zeros((), x.dtype)
         divergent = False
         while True:
@@ -480,6 +509,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
                     stats = NUTSInfo(accept, divergent, turning, depth + ~sub.valid, n_leaves * leapfrogs_per_leaf,
                                      H0)
                     draws = _record(draws, i - num_warmup, x, logp, stats)
+                    used = used + n_leaves * leapfrogs_per_leaf
                     adapt = _adapt(adapt, i, accept, num_warmup, target_accept)
                     welford, mass, adapt = window(i, x, welford, mass, adapt)
                     i = i + 1
@@ -489,14 +519,15 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
                     n_leaves = 0
                     sum_metro = jnp.zeros((), x.dtype)
                     divergent = False
-                    if i == stop:
+                    if (i == stop) | (used >= budget):
                         break
             reports = report_every < total
             if reports:
                 i = i + report(jnp.where(reports, i, 0))  # lanes that do not report run along masked
-            if i == total:
+            if (i == total) | (used >= budget):
                 break
-        return NUTSOutput(draws.position, draws.logdensity, draws.info, adapt.step_size, _mass(mass, inv_mass))
+        return NUTSOutput(draws.position, draws.logdensity, draws.info, adapt.step_size, _mass(mass, inv_mass),
+                          i - num_warmup)
 
     return run_chains
 
@@ -595,7 +626,7 @@ def _cached(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_dept
                                leapfrogs_per_leaf, max_delta_energy, uturn_criterion, adaptation, progress,
                                leaves_per_step)
     # Frames: run_chains, then build_tree for the doubling and its nested subtrees.
-    in_axes = (0, 0, 0, step_axis, mass_axis, 0)
+    in_axes = (0, 0, 0, step_axis, mass_axis, 0, 0)
     prog = pcbatch.autobatch(run_chains, in_axes=in_axes, max_stack_depth=max_tree_depth + 2)
     if schedule in ("gradient_quorum", "gradient_last"):
         # Block numbers come from lowering alone (types do not renumber them).
@@ -697,10 +728,11 @@ def _split_keys(keys: jax.Array, num_transitions: int, dim: int) -> tuple[jax.Ar
 
 def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matrix: Any,
             num_transitions: int, num_chains: int | None = None,
-            progress_every: int = 0) -> tuple[tuple, bool, bool]:
+            progress_every: int = 0, gradient_budget: int | None = None) -> tuple[tuple, bool, bool]:
     """`sample`'s arguments as the program's (`sampler`), for `num_transitions`
     = warm-up + samples: `(args, per_chain_step_size, per_chain_mass)`.
-    `progress_every` > 0: the last chain reports every that many transitions."""
+    `progress_every` > 0: the last chain reports every that many transitions;
+    `gradient_budget`: see `sample`."""
     x = jnp.asarray(initial_positions)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.float32)
@@ -724,7 +756,13 @@ def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matr
         raise ValueError(f"inverse_mass_matrix must be diagonal: [dim] or [chains, dim], got {mass.shape}")
     tree_keys, noise = _split_keys(keys, int(num_transitions), dim)
     report_every = report_intervals(chains, int(num_transitions), int(progress_every))
-    return (x, tree_keys, noise, step, mass, report_every), step.ndim == 1, mass.ndim == 2
+    int_dtype = jax.dtypes.canonicalize_dtype(np.int64)  # int32 unless x64
+    if gradient_budget is not None and (int(gradient_budget) != gradient_budget or gradient_budget < 1):
+        raise ValueError(f"gradient_budget must be a positive integer (gradient evaluations per chain), "
+                         f"got {gradient_budget!r}")
+    limit = np.iinfo(int_dtype).max if gradient_budget is None else int(gradient_budget)
+    budget = jnp.full((chains,), limit, int_dtype)
+    return (x, tree_keys, noise, step, mass, budget, report_every), step.ndim == 1, mass.ndim == 2
 
 
 def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_size: Any = None,
@@ -733,7 +771,8 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
            target_accept: float = 0.8, max_tree_depth: int = 10, leapfrogs_per_leaf: int = 1,
            max_delta_energy: float = 1000.0, uturn_criterion: str = "stan",
            schedule: Any = "gradient_last", progress_bar: bool = False,
-           progress_every: int | None = None, leaves_per_step: Any = "auto") -> NUTSOutput:
+           progress_every: int | None = None, leaves_per_step: Any = "auto",
+           gradient_budget: int | None = None) -> NUTSOutput:
     """Run `num_warmup + num_samples` NUTS transitions on each chain, all
     chains in ONE autobatched program (chains never wait for each other at
     transition boundaries, only at gradient steps).
@@ -787,19 +826,35 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
         gradients 0.75-1.35x the pairs' speed, so never chosen for you. "auto"
         (default): 1 where gradients dominate the machine's steps
         (`auto_leaves_per_step`), else 2. Results do not depend on it.
+      gradient_budget: for chains that stay slow (a funnel's neck: 1023 leaves
+        a transition, transition after transition), each chain stops after the
+        transition in which its gradient evaluations reach this many, or after
+        `num_samples` draws: a call lasts about the budget plus one trajectory,
+        not the slowest chain's `num_samples` trajectories, and fast chains make
+        more draws than slow ones. `out.num_draws` says how many each made (later
+        rows are NaN); continue the chains with another call from
+        `out.last_position` (and `out.step_size`, `out.inverse_mass_matrix`,
+        fresh keys). Not with warm-up. Each chain's draws are its own Markov
+        chain: average per chain, not the pooled draws (a slow region's chains
+        draw less).
 
     Returns:
       `NUTSOutput(position [chains, num_samples, dim], logdensity [chains, num_samples],
-      info: NUTSInfo, step_size [chains], inverse_mass_matrix [chains, dim])`;
+      info: NUTSInfo, step_size [chains], inverse_mass_matrix [chains, dim], num_draws [chains])`;
       `info.num_integration_steps` counts gradient evaluations per transition
       (the initial gradient is not counted). `out.summary()` gives R-hat and
-      ESS per coordinate, `out.divergences` the divergences per chain,
-      `out.to_arviz()` ArviZ's InferenceData.
+      ESS per coordinate (over the draws every chain made: `equal_length`),
+      `out.divergences` the divergences per chain, `out.to_arviz()` ArviZ's
+      InferenceData.
     """
     if step_size is None:
         if num_warmup == 0:
             raise ValueError("step_size is required without warm-up (num_warmup=0)")
         step_size = 1.0
+    if gradient_budget is not None and num_warmup > 0:
+        raise ValueError("gradient_budget stops chains at different transitions, so it cannot share a call "
+                         "with warm-up: warm up in a call of its own (num_samples=1 is enough), then continue "
+                         "from out.last_position with out.step_size and out.inverse_mass_matrix")
     total = num_warmup + num_samples
     every = 0
     if progress_bar:
@@ -807,7 +862,7 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
         if every < 1:
             raise ValueError(f"progress_every must be at least 1, got {progress_every}")
     args, per_step, per_mass = prepare(initial_positions, keys, step_size, inverse_mass_matrix, total, num_chains,
-                                       every)
+                                       every, gradient_budget)
     prog = sampler(logdensity_fn, num_samples=num_samples, num_warmup=num_warmup, target_accept=target_accept,
                    max_tree_depth=max_tree_depth, leapfrogs_per_leaf=leapfrogs_per_leaf,
                    max_delta_energy=max_delta_energy, uturn_criterion=uturn_criterion,

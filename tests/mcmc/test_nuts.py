@@ -106,6 +106,35 @@ def test_differential_2d_uturns_and_schedules():
     assert steps.sum(axis=1).max() < 2 * max(visits)
 
 
+def test_gradient_budget_stops_each_chain_after_its_transition_and_continues():
+    chains, n, budget = 5, 12, 40
+    x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
+    options = dict(step_size=0.3, num_samples=n, max_tree_depth=6)
+    full = nuts.sample(LOGP2, x0, _keys(0, chains), **options)
+    np.testing.assert_array_equal(np.asarray(full.num_draws), [n] * chains)
+    out = nuts.sample(LOGP2, x0, _keys(0, chains), gradient_budget=budget, **options)
+    # Each chain stops after the transition in which its gradients reach the
+    # budget (same keys: the same chain as without one, cut short).
+    spent = np.cumsum(np.asarray(full.info.num_integration_steps), axis=1)
+    want = np.where((spent >= budget).any(axis=1), np.argmax(spent >= budget, axis=1) + 1, n)
+    draws = np.asarray(out.num_draws)
+    np.testing.assert_array_equal(draws, want)
+    assert len(np.unique(draws)) > 1 and draws.max() < n          # chains stopped at different draws
+    for c, k in enumerate(draws):
+        np.testing.assert_allclose(out.position[c, :k], full.position[c, :k], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(out.info.num_integration_steps[c, :k], full.info.num_integration_steps[c, :k])
+        assert np.isnan(np.asarray(out.position[c, k:])).all() and np.isnan(np.asarray(out.logdensity[c, k:])).all()
+        np.testing.assert_array_equal(out.last_position[c], out.position[c, k - 1])
+    assert out.equal_length().position.shape == (chains, draws.min(), 2)
+    # The next call continues every chain from its last draw.
+    more = nuts.sample(LOGP2, out.last_position, _keys(1, chains), gradient_budget=budget, **options)
+    assert np.isfinite(np.asarray(more.position[:, 0])).all() and (np.asarray(more.num_draws) >= 1).all()
+    with pytest.raises(ValueError, match="warm-up"):
+        nuts.sample(LOGP2, x0, _keys(0, chains), num_warmup=5, gradient_budget=budget, **options)
+    with pytest.raises(ValueError, match="gradient_budget"):
+        nuts.sample(LOGP2, x0, _keys(0, chains), gradient_budget=0, **options)
+
+
 def test_leaves_per_step_auto_follows_the_gradient_cost():
     rng = np.random.default_rng(0)
 
@@ -235,7 +264,7 @@ def test_sample_api_and_errors():
         nuts.GradientQuorum(3, quorum=0.0)
     # sampler() sizes the stacks for max_tree_depth; a smaller machine overflows.
     shallow = pcbatch.autobatch(nuts.sampler(LOGP2, num_samples=1, max_tree_depth=4).fn,
-                                in_axes=(0, 0, 0, None, None, 0), max_stack_depth=2)
+                                in_axes=(0, 0, 0, None, None, 0, 0), max_stack_depth=2)
     with pytest.raises(pcbatch.StackOverflowError):
         shallow(*nuts.prepare(jnp.zeros((3, 2)), typed, 0.01, None, 1)[0])
 
