@@ -61,6 +61,7 @@ class Autobatched:
         self._cache = Cache()  # the pipeline's stages (pcbatch/compile.py)
         self.trace_count = 0  # machines traced so far; a cache hit does not add one
         self._shallow: Autobatched | None = None  # a copy with shallower pool stacks (`first_stack_depth`)
+        self._scheduled: dict[Any, Autobatched] = {}  # `with_schedule`'s copies, by schedule
 
     def __repr__(self) -> str:
         return f"<autobatched {self.fn.__qualname__}>"
@@ -230,8 +231,14 @@ class Autobatched:
         return dataclasses.replace(report, applied=False)
 
     def with_schedule(self, schedule: Any) -> "Autobatched":
-        """The same function run under another scheduler."""
-        return self.with_options(schedule=schedule)
+        """The same function run under another scheduler. Asked again for the
+        same schedule (a name, or the same scheduler object), it returns the
+        same copy, so its compiled machines are reused rather than rebuilt."""
+        key = schedule if isinstance(schedule, str) else id(schedule)  # the copy keeps the object alive
+        copy = self._scheduled.get(key)
+        if copy is None:
+            copy = self._scheduled[key] = self.with_options(schedule=schedule)
+        return copy
 
     def with_options(self, **options: Any) -> "Autobatched":
         """A copy with some of `autobatch`'s options changed, e.g.

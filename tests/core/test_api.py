@@ -234,6 +234,17 @@ def test_pytree_result_structure_matches_reference():
 
 # --- caching ----------------------------------------------------------------
 
+def test_with_schedule_returns_the_same_copy_and_its_machines():
+    f = pcbatch.autobatch(_collatz)
+    depth = f.with_schedule("depth")
+    depth(N)
+    count = depth.trace_count
+    assert f.with_schedule("depth") is depth and f.with_schedule("agenda") is not depth
+    f.with_schedule("depth")(N)
+    assert depth.trace_count == count   # not compiled again
+    assert f.trace_count == 0           # the original compiled nothing
+
+
 def test_cache_per_signature():
     f = pcbatch.autobatch(_collatz)
     f(N)
