@@ -212,6 +212,8 @@ def check_global_inputs(sharding: BatchSharding | None, leaves: list[Any]) -> No
     `jax.distributed`) need a `mesh=` over those processes: without one, the
     single machine would be partitioned by XLA (collectives every step) and no
     process could read the status it must check."""
+    if jax.process_count() == 1:  # nothing can span processes (and this runs on every call)
+        return
     spanning = [x for x in leaves if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
                 and not x.is_fully_addressable]
     if spanning and (sharding is None or not sharding.multi_process):
