@@ -190,3 +190,18 @@ def test_reference_never_mutates_numpy_arguments():
         np.testing.assert_array_equal(bump.reference(d, a), want)
         np.testing.assert_array_equal(bump(d, a), want)
     assert int(a) == 5 and d.tolist() == [0, 10, 20]
+
+
+def test_repeated_positional_calls_bind_alike():
+    """A call's binding is remembered by its arguments' shapes (`Autobatched._bind`):
+    the next call with the same shapes, other values or another shared argument
+    binds the same way, and other shapes or a default left out bind afresh."""
+    f = pcbatch.autobatch(affine_py, in_axes=(0, None, 0), fork=False)
+    a, b = jnp.float32(2.0), jnp.arange(4.0) * 10
+    np.testing.assert_allclose(f(XS, a, b), loop(lambda x, y: affine_py(x, a, y), XS, b))
+    np.testing.assert_allclose(f(XS + 1, jnp.float32(-3.0), b), loop(lambda x, y: affine_py(x, -3.0, y), XS + 1, b))
+    ys = jnp.arange(6.0)
+    np.testing.assert_allclose(f(ys, a, ys), loop(lambda x, y: affine_py(x, a, y), ys, ys))
+    np.testing.assert_allclose(f(XS, a), loop(lambda x: affine_py(x, a), XS))   # b's default
+    with pytest.raises(pcbatch.ArgumentError, match="batch sizes"):
+        f(XS, a, ys)
