@@ -78,7 +78,13 @@ class NUTSOutput(NamedTuple):
         """Per coordinate: `mean`, `sd`, split-`rhat` and `ess` over all chains
         (their first `min(num_draws)` draws: `equal_length`)."""
         from pcbatch.mcmc.diagnostics import summary
-        return summary(self.equal_length().position)
+        position = self.equal_length().position
+        if np.shape(position)[1] < 4 and np.shape(position)[1] < np.shape(self.position)[1]:
+            raise ValueError(f"summary needs at least 4 draws from every chain; under this call's gradient_budget "
+                             f"one chain made {np.shape(position)[1]} (num_draws {np.asarray(self.num_draws).tolist()}): "
+                             "continue the chains (out.last_position) and summarize the draws of several calls, "
+                             "or give a larger budget")
+        return summary(position)
 
     def equal_length(self) -> "NUTSOutput":
         """Every chain's first `min(num_draws)` draws, the length R-hat and

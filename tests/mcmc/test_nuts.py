@@ -126,6 +126,9 @@ def test_gradient_budget_stops_each_chain_after_its_transition_and_continues():
         assert np.isnan(np.asarray(out.position[c, k:])).all() and np.isnan(np.asarray(out.logdensity[c, k:])).all()
         np.testing.assert_array_equal(out.last_position[c], out.position[c, k - 1])
     assert out.equal_length().position.shape == (chains, draws.min(), 2)
+    assert draws.min() < 4   # R-hat needs 4 draws a chain: the error says what to do
+    with pytest.raises(ValueError, match="gradient_budget"):
+        out.summary()
     # The next call continues every chain from its last draw.
     more = nuts.sample(LOGP2, out.last_position, _keys(1, chains), gradient_budget=budget, **options)
     assert np.isfinite(np.asarray(more.position[:, 0])).all() and (np.asarray(more.num_draws) >= 1).all()
