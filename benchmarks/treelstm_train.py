@@ -86,7 +86,7 @@ def close(got: Any, want: Any) -> bool:
 
 
 def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, variants: list[str], repeats: int,
-            min_time: float) -> dict[str, Any]:
+            min_time: float, breakdown: bool = False) -> dict[str, Any]:
     params = tc.init_params(jax.random.PRNGKey(hidden), VOCAB, hidden)
     dev_trees, dev_labels = jax.device_put((trees, labels))
     n_rows = int(np.asarray(trees.word).size)
@@ -96,6 +96,9 @@ def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, varia
     want = block(depth_step(params, packed, root, dev_labels, levels.widths, n_rows))
     fns: dict[str, Callable[[], Any]] = {"depth": lambda: depth_step(params, packed, root, dev_labels,
                                                                       levels.widths, n_rows)}
+    if breakdown:  # the loss alone (no gradient): the step's forward part
+        depth_fwd = jax.jit(depth_loss, static_argnums=(4, 5))
+        fns["depth:fwd"] = lambda: depth_fwd(params, packed, root, dev_labels, levels.widths, n_rows)
     row: dict[str, Any] = {"batch": batch, "max_height": levels.max_height, "nodes": int(np.sum(trees.num_nodes)),
                            "temp": {"depth": temp_mib(depth_step, params, packed, root, dev_labels, levels.widths,
                                                        n_rows)}, "tape": {}, "errors": {}}
@@ -114,6 +117,9 @@ def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, varia
             row["tape"][key] = (info.bytes_used / 2**20, info.bytes_allocated / 2**20, info.tape_size)
             row["temp"][key] = temp_mib(step, params, dev_trees, dev_labels, model)
             fns[key] = (lambda s, m: lambda: s(params, dev_trees, dev_labels, m))(step, model)
+            if breakdown:
+                fwd = jax.jit(tc.loss, static_argnums=(3,))
+                fns[f"{key}:fwd"] = (lambda s, m: lambda: s(params, dev_trees, dev_labels, m))(fwd, model)
         except Exception as e:  # noqa: BLE001 - report, keep the others
             row["errors"][key] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
     row["seconds"] = time_calls(fns, repeats, min_time)
@@ -137,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (median; default 5, --quick 3)")
     ap.add_argument("--min-time", type=float, default=None, help="seconds a timed repeat lasts at least")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time each loss alone: where a step's time goes (forward, backward)")
     a = ap.parse_args(argv)
     batches = [int(b) for b in (a.batches or ("32" if a.quick else "32,64,128")).split(",")]
     variants = ["fork"] if a.quick else ["fork", "defaults", "nofork"]
@@ -151,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for b in batches:
         t0 = time.perf_counter()
-        rows.append(measure(b, a.hidden, data.batch(stream[:b]), labels_all[:b], variants, repeats, min_time))
+        rows.append(measure(b, a.hidden, data.batch(stream[:b]), labels_all[:b], variants, repeats, min_time,
+                            a.breakdown))
         print(f"  batch {b}: measured in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
     print("Training throughput (trees/s, one jitted value_and_grad step; median, warm-up excluded)")
@@ -172,6 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     print_table(heads + ["depth-batched", "(wall)", "depth host", "depth+host"], out)
     print("  /depth = throughput relative to depth-batched (device time); depth host = its host preprocessing per\n"
           "  batch; depth+host = both. max h = tallest tree in the batch.")
+
+    if a.breakdown:
+        print("\nWhere a step's time goes: forward = the loss alone (jitted, no gradient), backward = the step "
+              "minus it")
+        out = []
+        for r in rows:
+            s = r["seconds"]
+            for k in ["depth"] + [k for k in variants if k not in r["errors"]]:
+                fwd, step = s[f"{k}:fwd"], s[k]
+                out.append([str(r["batch"]), LABELS.get(k, "depth-batched"), fmt_time(fwd), fmt_time(step - fwd),
+                            fmt_time(step), f"{fwd / s['depth:fwd']:.2f}x", f"{(step - fwd) / (s['depth'] - s['depth:fwd']):.2f}x"])
+        print_table(["batch", "system", "forward", "backward", "step", "forward / depth's", "backward / depth's"], out)
 
     print("\nMemory (MiB)")
     out = []

@@ -37,14 +37,18 @@ VOCAB = 100
 #: The Tree-LSTM used for training, sized for trees of up to 64 leaves (the
 #: sizes matter: a jitted training step allocates, and zero-fills, the stacks
 #: and the gradient tape every call). Fork-join gives every node a lane of
-#: its own (the pool holds 128 per example), so no lane recurses and 8 stack
-#: frames suffice (the model's default is 128). The tape holds 64 rows per
-#: block per example: a leaf runs the leaf block once, an internal node the
-#: join block once (with `fork=False` one block runs for every node: pass
-#: `tape_size=128`; `encoder.tape_info(...)` says what a batch needs). Larger trees
-#: raise `StackOverflowError` / `TapeOverflowError` (under jit: NaN and a
-#: checkify error), never silently wrong; `with_options` changes both.
-encoder = nary.nary_tree_lstm.with_options(fork=True, max_stack_depth=8, tape_size=64)
+#: its own (the pool holds 128 per example), so no lane recurses: 2 stack
+#: frames are slack enough (the model's default is 128; every frame costs
+#: `lanes x (2 H + 3) x 4` bytes, 4 MiB per frame at batch 32, H 128, and a
+#: step whose temporary memory passes glibc's 32 MiB mmap threshold gets
+#: fresh pages, page-faulted, every call: 8 frames made the step 1.3x
+#: slower). The tape holds 64 rows per block per example: a leaf runs the
+#: leaf block once, an internal node the join block once (with `fork=False`
+#: one block runs for every node: pass `tape_size=128`;
+#: `encoder.tape_info(...)` says what a batch needs). Larger trees raise
+#: `StackOverflowError` / `TapeOverflowError` (under jit: NaN and a checkify
+#: error), never silently wrong; `with_options` changes both.
+encoder = nary.nary_tree_lstm.with_options(fork=True, max_stack_depth=2, tape_size=64)
 
 
 class LabelledTrees(NamedTuple):
