@@ -20,22 +20,9 @@ fork. A call inside an `if` is not hoisted out of it and does not fork here
 """
 from __future__ import annotations
 
-import ast
 from dataclasses import replace
 
-from pcbatch.ir.core import Block, Call, Fork, Function, Op, Prim, Terminator, op_reads, op_writes
-
-
-def retext(text: str, reads: dict[str, str]) -> str:
-    """The op's source text with renamed inputs, so the IR listing stays true."""
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError:
-        return text
-    names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in reads]
-    for n in names:
-        n.id = reads[n.id]
-    return ast.unparse(tree) if names else text
+from pcbatch.ir.core import Block, Call, Fork, Function, Op, Prim, Terminator, op_reads, op_writes, retext
 
 
 def _rename_op(op: Op, reads: dict[str, str], writes: dict[str, str]) -> Op:

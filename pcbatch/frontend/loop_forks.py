@@ -41,9 +41,8 @@ from dataclasses import replace
 import jax
 import jax.numpy as jnp
 
-from pcbatch.frontend.forks import retext
 from pcbatch.ir.cfg import simplify
-from pcbatch.ir.core import Await, Block, Branch, Call, Collect, Function, Jump, Launch, Op, Prim, Return, successors
+from pcbatch.ir.core import Await, Block, Branch, Call, Collect, Function, Jump, Launch, Op, Prim, Return, retext, successors
 from pcbatch.ir.dataflow import through_prims, use_def
 
 _LAUNCH = "%launch"  # suffix of the launch loop's copies of the loop's variables

@@ -13,6 +13,8 @@ Variables are names. In a `StackProgram` they are qualified by function
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Mapping, Union
@@ -361,3 +363,21 @@ def spawn_targets(term: Terminator) -> tuple[int, ...]:
 def launch_targets(block: Block) -> tuple[int, ...]:
     """Where a Figure 4 block's Launches start children (other lanes)."""
     return tuple(op.call.target for op in block.ops if isinstance(op, Launch) and isinstance(op.call, Spawn))
+
+
+def retext(text: str, reads: Mapping[str, str]) -> str:
+    """An op's source text with its renamed inputs renamed, so the IR listing
+    stays true. `reads` maps names as in `Prim.ins` (qualified or not; the
+    text names its own function's variables unqualified). A name is matched
+    whole, suffixes included (`h_k%3` is not `h_k`), never inside a string or
+    after a dot."""
+    local = {}
+    for old, new in reads.items():
+        old_fn, _, old_name = old.rpartition(".")
+        new_fn, _, new_name = new.rpartition(".")
+        if old != new and old_fn == new_fn:
+            local[old_name] = new_name
+    if not local or not text:
+        return text
+    names = "|".join(re.escape(k) for k in sorted(local, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.%'\"])({names})(?![\w%])", lambda m: local[m.group(1)], text)

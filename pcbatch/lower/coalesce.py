@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pcbatch.ir.core import Await, Block, Branch, Collect, Fork, Join, Launch, Prim, op_reads, op_writes, term_reads
+from pcbatch.ir.core import (Await, Block, Branch, Collect, Fork, Join, Launch, Prim, op_reads, op_writes, retext,
+                             term_reads)
 
 
 def is_copy(op) -> bool:
@@ -84,7 +85,8 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
         for op in b.ops:
             if isinstance(op, Prim):
                 copy = is_copy(op)  # before renaming: the text still names the source
-                op = replace(op, ins=tuple(map(name, op.ins)), outs=tuple(map(name, op.outs)))
+                op = replace(op, ins=tuple(map(name, op.ins)), outs=tuple(map(name, op.outs)),
+                             text=retext(op.text, {v: name(v) for v in op.ins}))  # the listing stays true
                 if copy and op.ins == op.outs:
                     continue
             elif isinstance(op, Join):
