@@ -198,15 +198,28 @@ class Autobatched:
         return ExecGraph.from_traces(self.reference_trace(*args, **kwargs), self.lowered(*args, **kwargs).num_blocks)
 
     def learn_schedule(self, *sample_args: Any, encoding: str = "sort", trials: int = 1000, seed: int = 0,
-                       progress: bool = True, config: Any = None) -> Policy:
+                       progress: bool = True, config: Any = None, costs: Any = None) -> Policy:
         """A scheduling `pcbatch.fsm.Policy` learned offline (Q-learning over
         `execution_graph(*sample_args)`); run it with `with_schedule(policy)`.
         Under `fork="auto"` the policy records the machine it was learned on,
-        and `fork="auto"` keeps to it wherever the policy schedules."""
+        and `fork="auto"` keeps to it wherever the policy schedules.
+
+        `costs`: what the policy minimises. None (the default, ED-Batch's
+        objective): the number of steps. `"estimate"`: the time they take, a
+        step running each block costing what `pcbatch.step_costs.estimate`
+        measures for this machine (a few timed calls, a second or two; the
+        table is dropped for the earliest-block fallback where it would not
+        be faster). Or one positive number per block of `lowered(*args)`."""
         from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
         graph = self.execution_graph(*sample_args)
+        if isinstance(costs, str):
+            if costs != "estimate":
+                raise OptionError("costs", f"must be None, 'estimate' or one number per block; got {costs!r}")
+            from pcbatch import step_costs
+            costs = step_costs.estimate(self, graph, *sample_args)
         policy = learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
-                                   progress=progress, config=config if config is not None else QConfig())
+                                   progress=progress, config=config if config is not None else QConfig(),
+                                   costs=costs)
         policy.info["forks"] = self.lowered(*sample_args).has_forks  # read by `compile.executable`
         return policy
 

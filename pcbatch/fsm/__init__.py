@@ -77,7 +77,7 @@ def record(f: Any, *sample_args: Any) -> ExecGraph:
 
 
 def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000, seed: int = 0,
-          progress: bool = True, config: QConfig | None = None) -> Policy:
+          progress: bool = True, config: QConfig | None = None, costs: Any = None) -> Policy:
     """Learn a scheduling policy for `f` from one sample batch (offline, in
     NumPy; `f.learn_schedule`).
 
@@ -85,10 +85,11 @@ def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000,
     it applies to programs lowered with the same shared/batched arguments.
     It is learned on the machine `f` runs for `sample_args` (under `fork="auto"`,
     after the first call's choice), and `fork="auto"` keeps to that machine
-    wherever the policy schedules.
+    wherever the policy schedules. `costs="estimate"` minimises the steps'
+    estimated time instead of their number (`f.learn_schedule`).
     """
     return f.learn_schedule(*sample_args, encoding=encoding, trials=trials, seed=seed, progress=progress,
-                            config=config)
+                            config=config, costs=costs)
 
 
 __all__ = [

@@ -9,6 +9,12 @@ The -1 charges every batch; the ratio is 1 exactly when a's batch holds every
 type-a node that has no unrun type-a ancestor, the case in which Lemma 2.1
 says some shortest schedule starts with a.
 
+With `costs` (one per block: what a step running it takes, e.g. in µs), the
+objective is the schedule's total cost instead of its step count: a step of
+type a earns `cost[a] * r` (costs scaled to mean 1), the greedy replays keep
+the cheapest table, and a table no cheaper than running the earliest ready
+block (the policy's fallback) is dropped for the fallback itself.
+
 Training follows the reference implementation: Q starts at 0 for each ready
 type of a new state (optimistic, as rewards lie in [-1, alpha - 1]), ε-greedy
 episodes with ε decaying per episode, n-step returns applied after each
@@ -58,8 +64,10 @@ def learn_from_graphs(
     seed: int = 0,
     progress: bool = True,
     config: QConfig = QConfig(),
+    costs: Sequence[float] | None = None,
 ) -> Policy:
-    """Learn a policy minimising the total VM steps over `graphs`.
+    """Learn a policy minimising the total VM steps over `graphs` (with
+    `costs`, one per type: their total cost).
 
     Episode i replays graphs[i % len(graphs)].  The result is deterministic
     given `seed`.  `policy.info` records the training outcome.
@@ -72,6 +80,12 @@ def learn_from_graphs(
         raise ValueError(f"unknown encoding {encoding!r}; expected one of {ENCODINGS}")
     if trials < 1:
         raise ValueError("trials must be at least 1")
+    weight = None
+    if costs is not None:
+        weight = np.asarray(costs, np.float64)
+        if weight.shape != (num_types,) or not np.all(np.isfinite(weight)) or np.any(weight <= 0):
+            raise ValueError(f"costs must be {num_types} positive numbers, one per block; got {costs!r}")
+        weight = weight / weight.mean()
 
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -79,36 +93,44 @@ def learn_from_graphs(
     visits: Counter[State] = Counter()
     bound = sum(lower_bound(g) for g in graphs)
     best_table: dict[State, int] = {}
-    best_steps, stale = None, 0
+    best, stale = None, 0
     eps = config.eps_start
     bar = tqdm(range(trials), desc=f"fsm[{encoding}]", unit="episode", disable=not progress)
     episodes = 0
     for episode in bar:
         episodes += 1
-        trajectory = _episode(graphs[episode % len(graphs)], q, eps, rng, encoding, config.alpha)
+        trajectory = _episode(graphs[episode % len(graphs)], q, eps, rng, encoding, config.alpha, weight)
         visits.update(trajectory[0])
         _update(q, *trajectory, config)
         eps = max(config.eps_min, eps * config.eps_decay)
         if episodes % config.eval_every == 0 or episodes == trials:
             table = {s: int(np.argmax(v)) for s, v in q.items()}
-            steps = _total_steps(graphs, Policy(num_types, encoding, table))
-            if best_steps is None or steps < best_steps:
-                best_steps, best_table, stale = steps, table, 0
+            total = _total(graphs, Policy(num_types, encoding, table), weight)  # steps, or cost
+            if best is None or total < best:
+                best, best_table, stale = total, table, 0
             else:
                 stale += 1
-            bar.set_postfix(steps=best_steps, bound=bound)
-            if best_steps <= config.stop_ratio * bound or (config.patience is not None and stale >= config.patience):
+            bar.set_postfix(**({"steps": best, "bound": bound} if weight is None else {"cost": best}))
+            # (The bound counts steps: with costs only patience stops early.)
+            if ((weight is None and best <= config.stop_ratio * bound)
+                    or (config.patience is not None and stale >= config.patience)):
                 break
     bar.close()
 
+    fallback = None
+    if weight is not None:  # a table that does no better than its own fallback is not worth a lookup per step
+        fallback = _total(graphs, Policy(num_types, encoding, {}), weight)
+        if best >= fallback:
+            best_table = {}
     table, transitions = _replay(graphs, Policy(num_types, encoding, best_table))
     # Beyond the replayed states, keep the most visited ones whose choice
     # differs from the fallback (the earliest ready block, min(state)); the
     # rest would not change what the policy does.
     extra = sorted((s for s, a in best_table.items() if s not in table and a != min(s)), key=lambda s: -visits[s])
     table.update((s, best_table[s]) for s in extra[: max(0, config.max_states - len(table))])
+    final = Policy(num_types, encoding, best_table)
     info = {
-        "steps": best_steps,
+        "steps": _total(graphs, final, None),
         "lower_bound": bound,
         "episodes": episodes,
         "seconds": round(time.perf_counter() - started, 3),
@@ -116,11 +138,16 @@ def learn_from_graphs(
         "seed": seed,
         "config": asdict(config),
     }
+    if weight is not None:
+        scale = float(np.mean(costs))
+        info.update(costs=[float(c) for c in costs], cost=_total(graphs, final, weight) * scale,
+                    fallback_cost=fallback * scale)
     return Policy(num_types, encoding, table, transitions, info)
 
 
 def _episode(
-    graph: ExecGraph, q: dict[State, np.ndarray], eps: float, rng: np.random.Generator, encoding: str, alpha: float
+    graph: ExecGraph, q: dict[State, np.ndarray], eps: float, rng: np.random.Generator, encoding: str, alpha: float,
+    weight: np.ndarray | None = None,
 ) -> tuple[list[State], list[int], list[float]]:
     """One ε-greedy replay of `graph`; returns its states, actions and rewards."""
     sim = Simulation(graph, track_reward=True)
@@ -139,7 +166,8 @@ def _episode(
         batch = sim.step(action)
         states.append(state)
         actions.append(action)
-        rewards.append(-1.0 + alpha * batch / sub_frontier)
+        reward = -1.0 + alpha * batch / sub_frontier
+        rewards.append(reward if weight is None else reward * weight[action])
     return states, actions, rewards
 
 
@@ -157,8 +185,11 @@ def _update(
         values[actions[i]] += config.lr * (ret - values[actions[i]])
 
 
-def _total_steps(graphs: Sequence[ExecGraph], policy: Policy) -> int:
-    return sum(simulate(g, policy).steps for g in graphs)
+def _total(graphs: Sequence[ExecGraph], policy: Policy, weight: np.ndarray | None) -> float:
+    """The policy's total steps over `graphs`, or with `weight` their total weight."""
+    if weight is None:
+        return sum(simulate(g, policy).steps for g in graphs)
+    return float(sum(weight[simulate(g, policy).types].sum() for g in graphs))
 
 
 def _replay(graphs: Sequence[ExecGraph], policy: Policy) -> tuple[dict[State, int], list[tuple[State, State, int]]]:

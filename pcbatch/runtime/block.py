@@ -39,6 +39,9 @@ from pcbatch.ir.core import (
 )
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.lanes import cast_to, zeros_of
+from pcbatch.runtime.stacks import StackLayout
+
+tree_map = jax.tree_util.tree_map
 
 
 class Codes(NamedTuple):
@@ -219,3 +222,69 @@ def eval_prelude(prog: StackProgram, inputs: dict[str, Any]) -> tuple[dict[str, 
         for v, x in run_prim(op, read, prog.var_types, None).items():
             (inv if prog.var_class.get(v) == INVARIANT else consts)[v] = x
     return consts, inv
+
+
+def block_flops(prog: StackProgram, width: int) -> list[float]:
+    """XLA's flop count of each block's ops on `width` rows (`block_dataflow`
+    on abstract inputs; terminators and stack moves cost no flops), for cost
+    models such as `learn_schedule(costs="estimate")`."""
+    types, cls = prog.var_types, prog.var_class
+    layout = StackLayout.of(prog)
+    stack_of = layout.stack_of
+    spec = lambda t, lead: tree_map(lambda s: jax.ShapeDtypeStruct(lead + s.shape, s.dtype), t)  # noqa: E731
+
+    def flops(block: Block) -> float:
+        def run(inputs: dict[str, Any]) -> Any:
+            def read(v: str) -> tuple[Any, bool]:
+                return inputs["var"][v], cls.get(v) != CONSTANT
+
+            def top(s: str) -> Any:
+                return inputs["top"][s]
+
+            def join(op: Any, get: Any = None) -> dict[str, Any]:
+                if isinstance(op, Collect):
+                    return {op.out: inputs["var"][op.ret], op.flag: jnp.zeros((width,), bool)}
+                return {v: inputs["var"][r] for v, r in zip(op.outs, op.rets)}
+
+            env, pushed = block_dataflow(block, stack_of, read, top, join, types, width,
+                                         launch=lambda op, get: None)
+            return env, pushed
+
+        # The values it reads from outside: every variable its ops read before assigning, every
+        # stack it pops or peeks, every child return value it joins.
+        names: dict[str, None] = {}
+        tops: dict[str, None] = {}
+        assigned: set[str] = set()
+        for op in block.ops:
+            if isinstance(op, Prim):
+                names.update((v, None) for v in op.ins if v not in assigned)
+                assigned.update(op.outs)
+            elif isinstance(op, (Push, Update)):
+                if op.var not in assigned:
+                    names[op.var] = None
+            elif isinstance(op, (Pop, Peek)):
+                tops[stack_of[op.var]] = None
+                assigned.add(op.var)
+            elif isinstance(op, Join):
+                names.update((r, None) for r in op.rets)
+                assigned.update(op.outs)
+            elif isinstance(op, Collect):
+                names[op.ret] = None
+                if op.when is not None and op.when not in assigned:
+                    names[op.when] = None
+                assigned.update((op.out, op.flag))
+            elif isinstance(op, Launch):
+                names.update((a, None) for a in op.call.args if a not in assigned)
+        if not any(isinstance(op, Prim) for op in block.ops):
+            return 0.0
+        ts = {v: types[v] for v in names if v in types}
+        inputs = {"var": {v: spec(t, () if cls.get(v) == CONSTANT else (width,)) for v, t in ts.items()},
+                  "top": {s: spec(layout.stacks[s], (width,)) for s in tops}}
+        try:
+            cost = jax.jit(run).lower(inputs).cost_analysis()
+        except Exception:  # noqa: BLE001 - a backend without cost analysis: no estimate
+            return 0.0
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        return float((cost or {}).get("flops", 0.0))
+
+    return [flops(b) for b in prog.blocks]

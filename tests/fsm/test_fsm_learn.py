@@ -156,3 +156,39 @@ def test_table_keeps_the_replayed_states_and_caps_the_rest(workloads):
     assert set(small.states) < set(full.states)
     for g in train:
         assert np.array_equal(simulate(g, small).types, simulate(g, full).types)
+
+
+def cheap_or_few() -> ExecGraph:
+    """Two types, A (0) and B (1): 5 steps need two A steps, one A step needs 6
+    (node 0 waits for node 4, which waits for B's 2 and 3)."""
+    types = [0, 1, 1, 1, 0, 1, 1]
+    edges = [(0, 1), (1, 5), (2, 3), (2, 4), (2, 5), (3, 4), (5, 6)]
+    return ExecGraph.from_edges(types, edges, 2)
+
+
+def test_costs_make_the_policy_minimise_time_not_steps():
+    graph = cheap_or_few()
+    few = learn_from_graphs([graph], 2, trials=200, seed=0, progress=False)
+    assert simulate(graph, few).steps == 5
+    cheap = learn_from_graphs([graph], 2, trials=200, seed=0, progress=False, costs=[10.0, 1.0])
+    schedule = simulate(graph, cheap)
+    assert (schedule.steps, int(np.sum(schedule.types == 0))) == (6, 1)   # one A step, by hand above
+    assert cheap.info["cost"] == pytest.approx(15.0)
+    assert cheap.info["costs"] == [10.0, 1.0]
+    assert cheap.info["fallback_cost"] > 15.0
+
+
+def test_costs_keep_no_table_where_the_fallback_is_as_cheap(figure1):
+    # On Figure 1 the earliest ready block is already optimal: a table would only cost lookups, so
+    # every state keeps the fallback's choice (and the device table, which leaves those out, is empty).
+    policy = learn_from_graphs([figure1], 3, trials=100, seed=0, progress=False, costs=[1.0, 1.0, 1.0])
+    assert policy.states and all(a == min(s) for s, a in zip(policy.states, policy.actions))
+    assert simulate(figure1, policy).steps == 6 == policy.info["steps"]
+    assert policy.info["cost"] == policy.info["fallback_cost"] == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("costs", [[1.0], [1.0, 0.0], [1.0, float("nan")], [1.0, -2.0]])
+def test_bad_costs_raise(costs):
+    with pytest.raises(ValueError, match="costs must be 2 positive numbers"):
+        learn_from_graphs([cheap_or_few()], 2, trials=5, progress=False, costs=costs)
+

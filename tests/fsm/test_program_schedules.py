@@ -74,6 +74,18 @@ def test_a_learned_policy_runs_the_machine_fork_auto_kept():
     assert g.executable(t, t.root)[0].fork_choice.reason.startswith("a learned schedule")
 
 
+def test_a_policy_learned_on_estimated_costs_runs_the_fork_join_machine():
+    t = data.batch(data.random_binary_trees(8, seed=5, min_leaves=2, max_leaves=12))
+    f = tree_size.with_options(fork=True)
+    policy = f.learn_schedule(t, t.root, trials=20, seed=0, progress=False, costs="estimate")
+    costs = policy.info["costs"]
+    assert len(costs) == f.lowered(t, t.root).num_blocks and all(c > 0 for c in costs)
+    assert policy.info["cost"] <= policy.info["fallback_cost"]
+    np.testing.assert_array_equal(f.with_schedule(policy)(t, t.root), tree_size.reference(t, t.root))
+    with pytest.raises(pcbatch.OptionError, match="costs"):
+        f.learn_schedule(t, t.root, trials=5, progress=False, costs="fastest")
+
+
 def test_a_policy_for_another_program_is_a_clear_error():
     x = jnp.array([0, 3, 7, 4])
     policy = fsm.learn(fib, x, trials=5, seed=0, progress=False)
