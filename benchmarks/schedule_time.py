@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         machine = "loop fork (fork=True)" if fork else "one lane per tree (fork=False)"
         print(f"{machine}: estimated µs per step, by block: "
               f"{', '.join(f'b{b} {c * 1e6:.1f}' for b, c in enumerate(by_time.info['costs']))}; predicted "
-              f"{by_time.info['cost'] * 1e3:.2f} ms against the fallback's {by_time.info['fallback_cost'] * 1e3:.2f} ms")
+              f"{by_time.info['cost'] * 1e3:.2f} ms against the fallback's {by_time.info['fallback_cost'] * 1e3:.2f} ms"
+              + (f"; measured {by_time.info['measured']['policy'] * 1e3:.2f} ms against the default's "
+                 f"{by_time.info['measured']['default'] * 1e3:.2f} ms" if "measured" in by_time.info else "")
+              + (f" ({by_time.info['dropped']}: table dropped)" if "dropped" in by_time.info else ""))
         variants = {"default": (f, None), "earliest": (f.with_schedule("earliest"), None),
                     "fsm (steps)": (f.with_schedule(by_steps), steps_s), "fsm (time)": (f.with_schedule(by_time), time_s)}
         want = np.asarray(f(*args)[0])

@@ -207,12 +207,16 @@ class Autobatched:
         `costs`: what the policy minimises. None (the default, ED-Batch's
         objective): the number of steps. `"estimate"`: the time they take, a
         step running each block costing what `pcbatch.step_costs.estimate`
-        measures for this machine (a few timed calls, a second or two; the
-        table is dropped for the earliest-block fallback where it would not
-        be faster). Or one positive number per block of `lowered(*args)`."""
+        measures for this machine (a few timed calls, a second or two); the
+        table is dropped for its earliest-block fallback where the model says
+        it would not be faster, and then the learned machine is timed against
+        the default (`policy.info["measured"]`, seconds a call; without forks,
+        where the fallback is the default, a table measured slower is dropped
+        too). Or one positive number per block of `lowered(*args)`."""
         from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
         graph = self.execution_graph(*sample_args)
-        if isinstance(costs, str):
+        estimated = isinstance(costs, str)
+        if estimated:
             if costs != "estimate":
                 raise OptionError("costs", f"must be None, 'estimate' or one number per block; got {costs!r}")
             from pcbatch import step_costs
@@ -220,7 +224,14 @@ class Autobatched:
         policy = learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
                                    progress=progress, config=config if config is not None else QConfig(),
                                    costs=costs)
-        policy.info["forks"] = self.lowered(*sample_args).has_forks  # read by `compile.executable`
+        forks = self.lowered(*sample_args).has_forks
+        policy.info["forks"] = forks  # read by `compile.executable`
+        if estimated and any(a != min(s) for s, a in zip(policy.states, policy.actions)):
+            mine, default = step_costs.compare(self.with_schedule(policy), self, *sample_args)
+            policy.info["measured"] = {"policy": mine, "default": default}
+            if not forks and mine >= default:  # the fallback is the default: keep it
+                policy = Policy(policy.num_types, policy.encoding, {}, info={
+                    **policy.info, "dropped": "the learned table measured slower than the default"})
         return policy
 
     def executable(self, *args: Any, **kwargs: Any) -> tuple[Executable, dict[str, Any]]:

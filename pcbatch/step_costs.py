@@ -2,14 +2,14 @@
 signature: the cost model behind `learn_schedule(costs="estimate")`.
 
 A step costs a fixed part (choosing the block, the lanes' bookkeeping, the
-loop) plus its block's arithmetic. The arithmetic is XLA's flop count of the
-block's ops at the width a step runs (`runtime.block.block_flops`: every lane
-for one lane per example, the lane width for the fork-join pool) at the flop
-rate this machine reaches on a matrix product of that width; the fixed part
-is what is left of a timed run of the machine (its steps per block from
-replaying its own schedule on the execution graph). Counting steps, as
-ED-Batch does, treats a step that runs a cell and a step that moves a pc
-alike; a schedule with fewer steps can then take longer.
+loop) plus its block's arithmetic. The arithmetic is timed: each block's ops
+alone (`runtime.block.block_function`) at the width a step runs (every lane
+for one lane per example, the lane width for the fork-join pool), in a
+`fori_loop` as the machine runs them. The fixed part is what is left of a
+timed run of the machine (its steps per block from replaying its own
+schedule on the execution graph). Counting steps, as ED-Batch does, treats a
+step that runs a cell and a step that moves a pc alike; a schedule with
+fewer steps can then take longer.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from jax import lax
 from pcbatch.fsm import get_scheduler
 from pcbatch.fsm.graph import ExecGraph
 from pcbatch.fsm.simulation import simulate
-from pcbatch.runtime.block import block_flops
+from pcbatch.runtime.block import block_function
 
 _REPEATS = 5
 
@@ -40,14 +40,38 @@ def _median_seconds(fn: Any, repeats: int = _REPEATS) -> float:
     return statistics.median(times)
 
 
-def flop_rate(width: int, depth: int = 256, iterations: int = 16) -> float:
-    """Flops per second of a `[width, depth] @ [depth, depth]` product in a
-    `fori_loop`, as a machine step would run it."""
-    x = jnp.ones((width, depth), jnp.float32)
-    w = jnp.full((depth, depth), 1.0 / depth, jnp.float32)
-    run = jax.jit(lambda x, w: lax.fori_loop(0, iterations, lambda _, y: y @ w, x))
-    seconds = _median_seconds(lambda: run(x, w))
-    return 2.0 * width * depth * depth * iterations / max(seconds, 1e-9)
+def _zeros(specs: Any) -> Any:
+    return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), specs)
+
+
+def _loop_seconds(body: Any, inputs: Any, iterations: int) -> float:
+    """Seconds one trip of `body(inputs, c) -> c` takes in a `fori_loop` (the
+    carry perturbs the inputs, so XLA cannot hoist the work out)."""
+    def trip(_, c):
+        moved = jax.tree_util.tree_map(
+            lambda a: a + c.astype(a.dtype) if jnp.issubdtype(a.dtype, jnp.inexact) else a, inputs)
+        return body(moved, c)
+
+    run = jax.jit(lambda c: lax.fori_loop(0, iterations, trip, c))
+    return _median_seconds(lambda: run(jnp.zeros((), jnp.float32))) / iterations
+
+
+def arithmetic_seconds(prog: Any, width: int, iterations: int = 32) -> np.ndarray:
+    """Seconds each block's ops take on `width` rows in a loop, less an empty
+    trip's (0 for blocks without arithmetic)."""
+    def keep(out: Any, c: jax.Array) -> jax.Array:
+        # One element of every float result reaches the carry: nothing is dead code.
+        leaves = [x for x in jax.tree_util.tree_leaves(out) if jnp.issubdtype(x.dtype, jnp.inexact)]
+        return c * 0.5 + sum((jnp.ravel(x)[0].astype(jnp.float32) for x in leaves), jnp.zeros((), jnp.float32)) * 1e-30
+
+    empty = _loop_seconds(lambda inputs, c: keep(inputs, c), {"x": jnp.zeros((width,), jnp.float32)}, iterations)
+    out = np.zeros(prog.num_blocks)
+    for b in range(prog.num_blocks):
+        made = block_function(prog, b, width)
+        if made is not None:
+            run, specs = made
+            out[b] = max(0.0, _loop_seconds(lambda inputs, c: keep(run(inputs), c), _zeros(specs), iterations) - empty)
+    return out
 
 
 def estimate(f: Any, graph: ExecGraph, *args: Any, **kwargs: Any) -> np.ndarray:
@@ -58,14 +82,27 @@ def estimate(f: Any, graph: ExecGraph, *args: Any, **kwargs: Any) -> np.ndarray:
     prog = exe.prog
     lanes, config = exe.config(exe.signature.local_batch)  # per device where sharded
     width = min(config.lane_width or lanes, lanes) if prog.has_forks else lanes
-    flops = np.asarray(block_flops(prog, int(width)), np.float64)
-    rate = flop_rate(int(width))
+    arithmetic = arithmetic_seconds(prog, int(width))
     seconds = _median_seconds(lambda: f(*args, **kwargs))
     steps = max(1, int(np.asarray(f.checked(*args, **kwargs)[1].steps)))
     # The machine's own schedule, replayed: how many of its steps run each block.
     replay = simulate(graph, get_scheduler(exe.options.schedule, prog))
     per_block = np.bincount(replay.types, minlength=prog.num_blocks) * (steps / max(1, replay.steps))
-    arithmetic = float(per_block @ flops) / rate
     # What the steps' arithmetic leaves of the run is their fixed part (never less than 5% of a step).
-    fixed = max(seconds - arithmetic, 0.05 * seconds) / steps
-    return fixed + flops / rate
+    fixed = max(seconds - float(per_block @ arithmetic), 0.05 * seconds) / steps
+    return fixed + arithmetic
+
+
+def compare(f: Any, g: Any, *args: Any, rounds: int = 9) -> tuple[float, float]:
+    """Median seconds of a call of `f` and of `g` on these arguments, timed
+    alternately (compiled first)."""
+    calls = [lambda: f(*args), lambda: g(*args)]
+    times: list[list[float]] = [[], []]
+    for call in calls:
+        jax.block_until_ready(call())
+    for _ in range(rounds):
+        for k, call in enumerate(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(call())
+            times[k].append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])

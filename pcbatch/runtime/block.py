@@ -224,67 +224,71 @@ def eval_prelude(prog: StackProgram, inputs: dict[str, Any]) -> tuple[dict[str, 
     return consts, inv
 
 
-def block_flops(prog: StackProgram, width: int) -> list[float]:
-    """XLA's flop count of each block's ops on `width` rows (`block_dataflow`
-    on abstract inputs; terminators and stack moves cost no flops), for cost
-    models such as `learn_schedule(costs="estimate")`."""
-    types, cls = prog.var_types, prog.var_class
+def block_function(prog: StackProgram, b: int, width: int) -> tuple[Callable, dict[str, Any]] | None:
+    """Block b's ops on `width` rows as a function of what they read (the
+    variables its ops read before assigning them, the stack tops it pops or
+    peeks, the children's return values it joins) and those inputs' shapes;
+    None for a block without arithmetic. Terminators and stack moves are left
+    out. For cost models (`block_flops`, `pcbatch.step_costs`)."""
+    block, types, cls = prog.blocks[b], prog.var_types, prog.var_class
+    if not any(isinstance(op, Prim) for op in block.ops):
+        return None
     layout = StackLayout.of(prog)
     stack_of = layout.stack_of
+
+    def run(inputs: dict[str, Any]) -> Any:
+        def read(v: str) -> tuple[Any, bool]:
+            return inputs["var"][v], cls.get(v) != CONSTANT
+
+        def join(op: Any, get: Any = None) -> dict[str, Any]:
+            if isinstance(op, Collect):
+                return {op.out: inputs["var"][op.ret], op.flag: jnp.zeros((width,), bool)}
+            return {v: inputs["var"][r] for v, r in zip(op.outs, op.rets)}
+
+        return block_dataflow(block, stack_of, read, inputs["top"].__getitem__, join, types, width,
+                              launch=lambda op, get: None)
+
+    names: dict[str, None] = {}
+    tops: dict[str, None] = {}
+    assigned: set[str] = set()
+    for op in block.ops:
+        if isinstance(op, Prim):
+            names.update((v, None) for v in op.ins if v not in assigned)
+            assigned.update(op.outs)
+        elif isinstance(op, (Push, Update)):
+            if op.var not in assigned:
+                names[op.var] = None
+        elif isinstance(op, (Pop, Peek)):
+            tops[stack_of[op.var]] = None
+            assigned.add(op.var)
+        elif isinstance(op, Join):
+            names.update((r, None) for r in op.rets)
+            assigned.update(op.outs)
+        elif isinstance(op, Collect):
+            names[op.ret] = None
+            if op.when is not None and op.when not in assigned:
+                names[op.when] = None
+            assigned.update((op.out, op.flag))
+        elif isinstance(op, Launch):
+            names.update((a, None) for a in op.call.args if a not in assigned)
     spec = lambda t, lead: tree_map(lambda s: jax.ShapeDtypeStruct(lead + s.shape, s.dtype), t)  # noqa: E731
+    specs = {"var": {v: spec(types[v], () if cls.get(v) == CONSTANT else (width,)) for v in names if v in types},
+             "top": {s: spec(layout.stacks[s], (width,)) for s in tops}}
+    return run, specs
 
-    def flops(block: Block) -> float:
-        def run(inputs: dict[str, Any]) -> Any:
-            def read(v: str) -> tuple[Any, bool]:
-                return inputs["var"][v], cls.get(v) != CONSTANT
 
-            def top(s: str) -> Any:
-                return inputs["top"][s]
-
-            def join(op: Any, get: Any = None) -> dict[str, Any]:
-                if isinstance(op, Collect):
-                    return {op.out: inputs["var"][op.ret], op.flag: jnp.zeros((width,), bool)}
-                return {v: inputs["var"][r] for v, r in zip(op.outs, op.rets)}
-
-            env, pushed = block_dataflow(block, stack_of, read, top, join, types, width,
-                                         launch=lambda op, get: None)
-            return env, pushed
-
-        # The values it reads from outside: every variable its ops read before assigning, every
-        # stack it pops or peeks, every child return value it joins.
-        names: dict[str, None] = {}
-        tops: dict[str, None] = {}
-        assigned: set[str] = set()
-        for op in block.ops:
-            if isinstance(op, Prim):
-                names.update((v, None) for v in op.ins if v not in assigned)
-                assigned.update(op.outs)
-            elif isinstance(op, (Push, Update)):
-                if op.var not in assigned:
-                    names[op.var] = None
-            elif isinstance(op, (Pop, Peek)):
-                tops[stack_of[op.var]] = None
-                assigned.add(op.var)
-            elif isinstance(op, Join):
-                names.update((r, None) for r in op.rets)
-                assigned.update(op.outs)
-            elif isinstance(op, Collect):
-                names[op.ret] = None
-                if op.when is not None and op.when not in assigned:
-                    names[op.when] = None
-                assigned.update((op.out, op.flag))
-            elif isinstance(op, Launch):
-                names.update((a, None) for a in op.call.args if a not in assigned)
-        if not any(isinstance(op, Prim) for op in block.ops):
+def block_flops(prog: StackProgram, width: int) -> list[float]:
+    """XLA's flop count of each block's ops on `width` rows (`block_function`;
+    0 where a backend has no cost analysis)."""
+    def flops(b: int) -> float:
+        made = block_function(prog, b, width)
+        if made is None:
             return 0.0
-        ts = {v: types[v] for v in names if v in types}
-        inputs = {"var": {v: spec(t, () if cls.get(v) == CONSTANT else (width,)) for v, t in ts.items()},
-                  "top": {s: spec(layout.stacks[s], (width,)) for s in tops}}
         try:
-            cost = jax.jit(run).lower(inputs).cost_analysis()
+            cost = jax.jit(made[0]).lower(made[1]).cost_analysis()
         except Exception:  # noqa: BLE001 - a backend without cost analysis: no estimate
             return 0.0
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
         return float((cost or {}).get("flops", 0.0))
 
-    return [flops(b) for b in prog.blocks]
+    return [flops(b) for b in range(prog.num_blocks)]
