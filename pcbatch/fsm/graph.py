@@ -29,6 +29,27 @@ def gather_rows(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> np.ndarra
     return idx[np.repeat(starts - first, lens) + np.arange(total)]
 
 
+class Links:
+    """CSR rows (`gather_rows`) with a fast path where every row holds at most
+    one entry (a lane's chain of blocks): then a gather is one index. `unique`:
+    whether a gather's entries can repeat (some entry is in several rows)."""
+
+    def __init__(self, ptr: np.ndarray, idx: np.ndarray) -> None:
+        self.ptr, self.idx = ptr, idx
+        lens = np.diff(ptr)
+        self.single = None
+        if lens.size and lens.max() <= 1:
+            self.single = np.full(lens.size, -1, idx.dtype)
+            self.single[lens == 1] = idx
+        self.repeats = idx.size > np.unique(idx).size
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        if self.single is None:
+            return gather_rows(self.ptr, self.idx, rows)
+        out = self.single[rows]
+        return out[out >= 0]
+
+
 def _csr(rows: np.ndarray, cols: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """CSR (ptr, idx) of the pairs (rows[i], cols[i]); within a row, cols keep their order."""
     order = np.argsort(rows, kind="stable")
@@ -133,6 +154,17 @@ class ExecGraph:
         n = self.num_nodes
         child_of_edge = np.repeat(np.arange(n, dtype=np.int32), np.diff(self.parent_ptr))
         return _csr(self.parent_idx, child_of_edge, n)
+
+    @cached_property
+    def child_links(self) -> Links:
+        """`children` as `Links` (the simulation's fast gathers)."""
+        return Links(*self.children)
+
+    @cached_property
+    def same_type_link_rows(self) -> Links:
+        """`same_type_links`' rows as `Links`."""
+        ptr, idx, _ = self.same_type_links
+        return Links(ptr, idx)
 
     @cached_property
     def waves(self) -> tuple[np.ndarray, ...]:

@@ -41,15 +41,17 @@ _FORMAT = "pcbatch.fsm.Policy/1"
 
 
 def encode_state(counts: np.ndarray, encoding: str) -> State:
-    """Host-side state encoding of the ready-lane counts per block."""
-    ready = np.flatnonzero(counts > 0)
+    """Host-side state encoding of the ready-lane counts per block (in Python:
+    a handful of blocks, where NumPy's per-call overhead would dominate)."""
+    c = counts.tolist()
+    ready = [t for t, n in enumerate(c) if n > 0]
     if encoding == "base":
-        return tuple(ready.tolist())
+        return tuple(ready)
     if encoding == "max":
-        return (int(np.argmax(counts)), *ready.tolist())
+        return (max(range(len(c)), key=lambda t: (c[t], -t)), *ready)
     if encoding == "sort":
-        # Negated counts: ready blocks first, most lanes first, stable on ties.
-        return tuple(np.argsort(-counts, kind="stable")[: ready.size].tolist())
+        # Most lanes first, the lower block first on ties (sorted is stable).
+        return tuple(sorted(ready, key=lambda t: -c[t]))
     raise ValueError(f"unknown encoding {encoding!r}; expected one of {ENCODINGS}")
 
 

@@ -150,7 +150,7 @@ def _episode(
     weight: np.ndarray | None = None,
 ) -> tuple[list[State], list[int], list[float]]:
     """One ε-greedy replay of `graph`; returns its states, actions and rewards."""
-    sim = Simulation(graph, track_reward=True)
+    sim = Simulation(graph, track_reward=True, track_depth=False)
     states, actions, rewards = [], [], []
     while not sim.done:
         state = encode_state(sim.counts, encoding)
@@ -188,8 +188,8 @@ def _update(
 def _total(graphs: Sequence[ExecGraph], policy: Policy, weight: np.ndarray | None) -> float:
     """The policy's total steps over `graphs`, or with `weight` their total weight."""
     if weight is None:
-        return sum(simulate(g, policy).steps for g in graphs)
-    return float(sum(weight[simulate(g, policy).types].sum() for g in graphs))
+        return sum(simulate(g, policy, track_depth=False).steps for g in graphs)
+    return float(sum(weight[simulate(g, policy, track_depth=False).types].sum() for g in graphs))
 
 
 def _replay(graphs: Sequence[ExecGraph], policy: Policy) -> tuple[dict[State, int], list[tuple[State, State, int]]]:
@@ -201,7 +201,7 @@ def _replay(graphs: Sequence[ExecGraph], policy: Policy) -> tuple[dict[State, in
     table: dict[State, int] = {}
     seen: Counter[tuple[State, State]] = Counter()
     for graph in graphs:
-        sim = Simulation(graph)
+        sim = Simulation(graph, track_depth=False)
         prev = None
         while not sim.done:
             state = encode_state(sim.counts, policy.encoding)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pcbatch.fsm.graph import ExecGraph, gather_rows
+from pcbatch.fsm.graph import ExecGraph
 
 # min_depth of a type with no ready node: larger than any depth.
 NO_DEPTH = np.iinfo(np.int64).max
@@ -28,7 +28,7 @@ class Simulation:
       min_depth: int64[num_types] smallest such depth (`NO_DEPTH` if none ready).
     """
 
-    def __init__(self, graph: ExecGraph, track_reward: bool = False) -> None:
+    def __init__(self, graph: ExecGraph, track_reward: bool = False, track_depth: bool = True) -> None:
         num_types = graph.num_types
         self.counts = np.zeros(num_types, np.int64)
         self.depth_sum = np.zeros(num_types, np.int64)
@@ -37,14 +37,16 @@ class Simulation:
         self.num_steps = 0
         self._types = graph.node_type
         self._depth = graph.depth.astype(np.int64)
-        self._child_ptr, self._child_idx = graph.children
+        self._children = graph.child_links
         self._remaining = np.diff(graph.parent_ptr)
         self._ready: list[list[np.ndarray]] = [[] for _ in range(num_types)]
         self._left = graph.num_nodes
+        self._track_depth = track_depth  # depth_sum and min_depth: only the depth and agenda policies read them
         self._add_ready(np.flatnonzero(self._remaining == 0))
         self._track_reward = track_reward
         if track_reward:
-            self._same_ptr, self._same_idx, blockers = graph.same_type_links
+            _, _, blockers = graph.same_type_links
+            self._near = graph.same_type_link_rows
             self._blockers = blockers.copy()
             # |Frontier(G^a)| per type: unrun type-a nodes with no unrun type-a ancestor.
             self._sub_frontier = np.bincount(self._types[blockers == 0], minlength=num_types)
@@ -73,31 +75,42 @@ class Simulation:
         self.num_steps += 1
         self._left -= batch.size
 
-        kids = gather_rows(self._child_ptr, self._child_idx, batch)
+        kids = self._children.gather(batch)
         if kids.size:
-            np.subtract.at(self._remaining, kids, 1)
+            if self._children.repeats:
+                np.subtract.at(self._remaining, kids, 1)
+            else:  # no node is a child of two: a plain (faster) update
+                self._remaining[kids] -= 1
             ready = kids[self._remaining[kids] == 0]
             # A node with several parents in this batch appears once per parent.
-            self._add_ready(np.unique(ready) if ready.size > 1 else ready)
+            self._add_ready(np.unique(ready) if ready.size > 1 and self._children.repeats else ready)
 
         if self._track_reward:
             self._sub_frontier[t] -= batch.size
-            near = gather_rows(self._same_ptr, self._same_idx, batch)
+            near = self._near.gather(batch)
             if near.size:
-                np.subtract.at(self._blockers, near, 1)
+                if self._near.repeats:
+                    np.subtract.at(self._blockers, near, 1)
+                else:
+                    self._blockers[near] -= 1
                 freed = near[self._blockers[near] == 0]
-                self._sub_frontier[t] += np.unique(freed).size
+                self._sub_frontier[t] += np.unique(freed).size if self._near.repeats else freed.size
         return int(batch.size)
 
     def _add_ready(self, nodes: np.ndarray) -> None:
         if nodes.size == 0:
             return
         types = self._types[nodes]
-        depth = self._depth[nodes]
         num_types = self.counts.shape[0]
         self.counts += np.bincount(types, minlength=num_types)
-        self.depth_sum += np.bincount(types, weights=depth, minlength=num_types).astype(np.int64)
-        np.minimum.at(self.min_depth, types, depth)
+        if self._track_depth:
+            depth = self._depth[nodes]
+            self.depth_sum += np.bincount(types, weights=depth, minlength=num_types).astype(np.int64)
+            np.minimum.at(self.min_depth, types, depth)
+        first = int(types[0])
+        if nodes.size == 1 or not np.any(types != first):  # one type: the common case, no split
+            self._ready[first].append(nodes)
+            return
         for t in np.unique(types).tolist():
             self._ready[t].append(nodes[types == t])
 
@@ -132,9 +145,10 @@ class Schedule:
         return float(self.sizes.sum()) / slots if slots else 1.0
 
 
-def simulate(graph: ExecGraph, policy: HostPolicy) -> Schedule:
-    """Algorithm 1: until the graph is empty, run all ready nodes of policy's type."""
-    sim = Simulation(graph)
+def simulate(graph: ExecGraph, policy: HostPolicy, track_depth: bool = True) -> Schedule:
+    """Algorithm 1: until the graph is empty, run all ready nodes of policy's type
+    (`track_depth=False`: for policies that read only `counts`, faster)."""
+    sim = Simulation(graph, track_depth=track_depth)
     types, sizes = [], []
     while not sim.done:
         t = int(policy(sim))
