@@ -208,13 +208,20 @@ class Autobatched:
         objective): the number of steps. `"estimate"`: the time they take, a
         step running each block costing what `pcbatch.step_costs.estimate`
         measures for this machine (a few timed calls, a second or two); the
-        table is dropped for its earliest-block fallback where the model says
+        table is dropped for its fallback where the model says
         it would not be faster, and then the learned machine is timed against
-        the default (`policy.info["measured"]`, seconds a call; without forks,
-        where the fallback is the default, a table measured slower is dropped
-        too). Or one positive number per block of `lowered(*args)`."""
+        the default (`policy.info["measured"]`, seconds a call) and dropped
+        if it measured slower. Or one positive number per block of
+        `lowered(*args)`. A state the table does not know runs what the
+        machine's default schedule would (the earliest ready block, or with
+        forks the earliest that does not return)."""
+        from pcbatch.fsm.base import Earliest, ReturnsLast
         from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
         graph = self.execution_graph(*sample_args)
+        exe, _ = self.executable(*sample_args)
+        # Unseen states fall back to what the machine runs by default: ReturnsLast with forks.
+        default = get_scheduler(exe.options.schedule, exe.prog)
+        returns = default.returns if isinstance(default, ReturnsLast) else None
         estimated = isinstance(costs, str)
         if estimated:
             if costs != "estimate":
@@ -223,14 +230,13 @@ class Autobatched:
             costs = step_costs.estimate(self, graph, *sample_args)
         policy = learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
                                    progress=progress, config=config if config is not None else QConfig(),
-                                   costs=costs)
-        forks = self.lowered(*sample_args).has_forks
-        policy.info["forks"] = forks  # read by `compile.executable`
-        if estimated and any(a != min(s) for s, a in zip(policy.states, policy.actions)):
-            mine, default = step_costs.compare(self.with_schedule(policy), self, *sample_args)
-            policy.info["measured"] = {"policy": mine, "default": default}
-            if not forks and mine >= default:  # the fallback is the default: keep it
-                policy = Policy(policy.num_types, policy.encoding, {}, info={
+                                   costs=costs, returns=returns)
+        policy.info["forks"] = exe.prog.has_forks  # read by `compile.executable`
+        if estimated and any(a != policy.fallback(s) for s, a in zip(policy.states, policy.actions)):
+            mine, fallback = step_costs.compare(self.with_schedule(policy), self, *sample_args)
+            policy.info["measured"] = {"policy": mine, "default": fallback}
+            if mine >= fallback and isinstance(default, (Earliest, ReturnsLast)):  # the fallback is the default
+                policy = Policy(policy.num_types, policy.encoding, {}, returns=returns, info={
                     **policy.info, "dropped": "the learned table measured slower than the default"})
         return policy
 

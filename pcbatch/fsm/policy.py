@@ -14,9 +14,12 @@ table compiled into the program: the key is hashed (uint32), found by binary
 search among the table's sorted hashes and checked against that one row, so a
 step costs O(log rows), with no host round trip, for any number of blocks.
 
-A state missing from the table falls back to the earliest ready block (as does
-a table action that is not ready, which a valid table never has).  Entries
-that choose the earliest ready block anyway are left out of the device table.
+A state missing from the table falls back to the earliest ready block, or,
+for a policy given `returns` (which blocks end in a return: fork-join
+programs, whose default is `ReturnsLast`), the earliest ready block that does
+not return; so does a table action that is not ready, which a valid table
+never has. Entries that choose the fallback's block anyway are left out of the
+device table.
 """
 from __future__ import annotations
 
@@ -105,6 +108,7 @@ class Policy:
         table: Mapping[State, int],
         transitions: Sequence[tuple[State, State, int]] = (),
         info: Mapping[str, Any] | None = None,
+        returns: Sequence[bool] | None = None,
     ) -> None:
         if encoding not in ENCODINGS:
             raise ValueError(f"unknown encoding {encoding!r}; expected one of {ENCODINGS}")
@@ -114,6 +118,12 @@ class Policy:
                 raise ValueError(f"bad table entry {state} -> {block}")
         self.num_types = num_types
         self.encoding = encoding
+        self.returns = None if returns is None else tuple(bool(r) for r in returns)
+        if self.returns is not None and len(self.returns) != num_types:
+            raise ValueError(f"returns names {len(self.returns)} blocks, not {num_types}")
+        # The fallback's order: the earliest ready block first (returning ones last, given `returns`).
+        self._rank = np.arange(num_types) + (num_types * np.asarray(self.returns, np.int64)
+                                             if self.returns is not None else 0)
         # Deterministic order: shorter states first, then lexicographic.
         self.states: list[State] = sorted(self._lookup, key=lambda s: (len(s), s))
         self.actions: list[int] = [self._lookup[s] for s in self.states]
@@ -121,6 +131,10 @@ class Policy:
         # As (from_index, to_index, count) into self.states.
         self.transitions = [(index[tuple(a)], index[tuple(b)], int(n)) for a, b, n in transitions]
         self.info = dict(info or {})
+
+    def fallback(self, state: State) -> int:
+        """The block the policy runs in `state` without a table entry."""
+        return min(state, key=lambda t: self._rank[t])
 
     def lookup(self, state: State) -> int | None:
         """The block the table chooses in `state`, or None for an unseen state."""
@@ -131,7 +145,7 @@ class Policy:
     def __call__(self, sim: Simulation) -> int:
         block = self.lookup(encode_state(sim.counts, self.encoding))
         if block is None or sim.counts[block] == 0:
-            return int(np.argmax(sim.counts > 0))
+            return int(np.argmin(np.where(sim.counts > 0, self._rank, 2 * self.num_types)))
         return block
 
     # -- device side (the `Scheduler` protocol) --------------------------------
@@ -139,8 +153,8 @@ class Policy:
     @cached_property
     def _device_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.uint32]:
         """(hashes, keys, actions, multiplier): the entries' state keys, sorted by hash."""
-        # Entries choosing the earliest ready block, min(state), are left out.
-        rows = [(s, a) for s, a in zip(self.states, self.actions) if a != min(s)]
+        # Entries choosing the fallback's block are left out.
+        rows = [(s, a) for s, a in zip(self.states, self.actions) if a != self.fallback(s)]
         keys = np.full((len(rows), key_width(self.num_types, self.encoding)), self.num_types, np.int32)
         for i, (state, _) in enumerate(rows):
             keys[i, : len(state)] = state
@@ -165,10 +179,14 @@ class Policy:
 
     def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:
         counts = frontier.counts
-        earliest = jnp.argmax(counts > 0).astype(jnp.int32)
+        if self.returns is None:
+            fallback = jnp.argmax(counts > 0).astype(jnp.int32)
+        else:
+            rank = jnp.asarray(self._rank, jnp.int32)
+            fallback = jnp.argmin(jnp.where(counts > 0, rank, 2 * self.num_types)).astype(jnp.int32)
         hashes, keys, actions, mult = self._device_table
         if not len(hashes):
-            return earliest, carry
+            return fallback, carry
         # The state's key, hashed, then a binary search and one row compared:
         # O(log entries) per step, not a compare against every entry.
         key = encode_state_device(counts, self.encoding)
@@ -176,7 +194,7 @@ class Policy:
         row = jnp.minimum(jnp.searchsorted(jnp.asarray(hashes), h), len(hashes) - 1)
         block = jnp.asarray(actions)[row]
         ok = (jnp.asarray(hashes)[row] == h) & jnp.all(jnp.asarray(keys)[row] == key) & (counts[block] > 0)
-        return jnp.where(ok, block, earliest).astype(jnp.int32), carry
+        return jnp.where(ok, block, fallback).astype(jnp.int32), carry
 
     # -- inspection and persistence ----------------------------------------------
 
@@ -190,7 +208,7 @@ class Policy:
         }
         lines = [
             f"FSM policy: encoding={self.encoding}, {len(self.states)} states, "
-            "unseen states run the earliest ready block",
+            f"unseen states run the earliest ready block{' that does not return' if self.returns else ''}",
             f"state ({order[self.encoding]}) -> block to run",
         ]
         lines += [f"[{', '.join(label(t) for t in s)}] -> {label(a)}" for s, a in zip(self.states, self.actions)]
@@ -217,6 +235,7 @@ class Policy:
             "actions": self.actions,
             "transitions": [list(t) for t in self.transitions],
             "info": self.info,
+            **({"returns": list(self.returns)} if self.returns is not None else {}),
         }
 
     @classmethod
@@ -226,7 +245,7 @@ class Policy:
         states = [tuple(s) for s in data["states"]]
         table = dict(zip(states, data["actions"], strict=True))
         transitions = [(states[a], states[b], n) for a, b, n in data["transitions"]]
-        return cls(data["num_types"], data["encoding"], table, transitions, data["info"])
+        return cls(data["num_types"], data["encoding"], table, transitions, data["info"], data.get("returns"))
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w") as f:

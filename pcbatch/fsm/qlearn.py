@@ -65,9 +65,12 @@ def learn_from_graphs(
     progress: bool = True,
     config: QConfig = QConfig(),
     costs: Sequence[float] | None = None,
+    returns: Sequence[bool] | None = None,
 ) -> Policy:
     """Learn a policy minimising the total VM steps over `graphs` (with
-    `costs`, one per type: their total cost).
+    `costs`, one per type: their total cost). `returns` (which blocks end in
+    a return) makes the policy fall back to the earliest ready block that does
+    not return, `ReturnsLast`, the fork-join default; else the earliest.
 
     Episode i replays graphs[i % len(graphs)].  The result is deterministic
     given `seed`.  `policy.info` records the training outcome.
@@ -105,7 +108,7 @@ def learn_from_graphs(
         eps = max(config.eps_min, eps * config.eps_decay)
         if episodes % config.eval_every == 0 or episodes == trials:
             table = {s: int(np.argmax(v)) for s, v in q.items()}
-            total = _total(graphs, Policy(num_types, encoding, table), weight)  # steps, or cost
+            total = _total(graphs, Policy(num_types, encoding, table, returns=returns), weight)  # steps, or cost
             if best is None or total < best:
                 best, best_table, stale = total, table, 0
             else:
@@ -119,16 +122,16 @@ def learn_from_graphs(
 
     fallback = None
     if weight is not None:  # a table that does no better than its own fallback is not worth a lookup per step
-        fallback = _total(graphs, Policy(num_types, encoding, {}), weight)
+        fallback = _total(graphs, Policy(num_types, encoding, {}, returns=returns), weight)
         if best >= fallback:
             best_table = {}
-    table, transitions = _replay(graphs, Policy(num_types, encoding, best_table))
+    final = Policy(num_types, encoding, best_table, returns=returns)
+    table, transitions = _replay(graphs, final)
     # Beyond the replayed states, keep the most visited ones whose choice
-    # differs from the fallback (the earliest ready block, min(state)); the
-    # rest would not change what the policy does.
-    extra = sorted((s for s, a in best_table.items() if s not in table and a != min(s)), key=lambda s: -visits[s])
+    # differs from the fallback's; the rest would not change what the policy does.
+    extra = sorted((s for s, a in best_table.items() if s not in table and a != final.fallback(s)),
+                   key=lambda s: -visits[s])
     table.update((s, best_table[s]) for s in extra[: max(0, config.max_states - len(table))])
-    final = Policy(num_types, encoding, best_table)
     info = {
         "steps": _total(graphs, final, None),
         "lower_bound": bound,
@@ -142,7 +145,7 @@ def learn_from_graphs(
         scale = float(np.mean(costs))
         info.update(costs=[float(c) for c in costs], cost=_total(graphs, final, weight) * scale,
                     fallback_cost=fallback * scale)
-    return Policy(num_types, encoding, table, transitions, info)
+    return Policy(num_types, encoding, table, transitions, info, returns)
 
 
 def _episode(

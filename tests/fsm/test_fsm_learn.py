@@ -182,7 +182,7 @@ def test_costs_keep_no_table_where_the_fallback_is_as_cheap(figure1):
     # On Figure 1 the earliest ready block is already optimal: a table would only cost lookups, so
     # every state keeps the fallback's choice (and the device table, which leaves those out, is empty).
     policy = learn_from_graphs([figure1], 3, trials=100, seed=0, progress=False, costs=[1.0, 1.0, 1.0])
-    assert policy.states and all(a == min(s) for s, a in zip(policy.states, policy.actions))
+    assert policy.states and all(a == policy.fallback(s) == min(s) for s, a in zip(policy.states, policy.actions))
     assert simulate(figure1, policy).steps == 6 == policy.info["steps"]
     assert policy.info["cost"] == policy.info["fallback_cost"] == pytest.approx(6.0)
 
@@ -192,3 +192,22 @@ def test_bad_costs_raise(costs):
     with pytest.raises(ValueError, match="costs must be 2 positive numbers"):
         learn_from_graphs([cheap_or_few()], 2, trials=5, progress=False, costs=costs)
 
+
+
+def test_given_returns_a_policy_falls_back_to_the_earliest_block_that_does_not_return(tmp_path):
+    import jax.numpy as jnp
+
+    from pcbatch.fsm.base import Frontier, ReturnsLast
+
+    policy = Policy(3, "sort", {(0, 2): 0}, returns=(True, False, False))
+    assert policy.fallback((0, 1)) == 1 and policy.fallback((0,)) == 0
+    counts = np.array([2, 1, 0])
+    sim = type("S", (), {"counts": counts})()
+    assert policy(sim) == ReturnsLast((True, False, False))(sim) == 1       # host: no entry for (0, 1)
+    frontier = Frontier(jnp.zeros(4, jnp.int32), jnp.asarray(counts, jnp.int32), jnp.zeros(4, jnp.int32))
+    assert int(policy.choose(policy.init(3, 4), frontier)[0]) == 1           # device, the same
+    assert int(policy.choose((), frontier._replace(counts=jnp.array([3, 0, 1])))[0]) == 0   # its entry (0, 2)
+    policy.save(tmp_path / "p.json")
+    assert Policy.load(tmp_path / "p.json").returns == (True, False, False)
+    with pytest.raises(ValueError, match="returns names 2 blocks"):
+        Policy(3, "sort", {}, returns=(True, False))

@@ -89,7 +89,7 @@ def test_a_policy_learned_on_estimated_costs_runs_the_fork_join_machine():
 def test_without_forks_a_table_learned_on_estimated_costs_is_never_measured_slower():
     x = jnp.array([0, 3, 7, 4, 9, 1, 6, 5])
     policy = fib.learn_schedule(x, trials=50, seed=0, progress=False, costs="estimate")
-    lookups = any(a != min(s) for s, a in zip(policy.states, policy.actions))
+    lookups = any(a != policy.fallback(s) for s, a in zip(policy.states, policy.actions))
     if lookups:   # kept: the machine with it measured faster than the default
         assert policy.info["measured"]["policy"] < policy.info["measured"]["default"]
     else:         # none learned, or dropped (then it says why, with the times)
