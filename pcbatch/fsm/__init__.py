@@ -13,6 +13,10 @@ the set of blocks on the frontier):
 >>> fib.with_schedule(policy)(jnp.array([3, 7]))
 Array([ 2, 13], dtype=int32)
 
+A policy minimises steps (ED-Batch's objective) or, with `costs`, their time
+(`fsm.learn(..., costs="estimate")`, from `pcbatch.step_costs`); a state its
+table does not know runs what the machine's default schedule would.
+
 Two parts. What the machine calls each step, inside its loop: the
 `Scheduler` interface and `Frontier` (`base.py`), the named schedulers
 (`baselines.py`) and a learned `Policy`'s device lookup (`policy.py`).
