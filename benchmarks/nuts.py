@@ -230,8 +230,9 @@ def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth:
     trace = prog.trace(*args, steps=int(np.sum(np.asarray(status.blocks_run))))
     leaf = nuts.leaf_block(prog.lowered(*args))
     executed = int(np.sum(trace.blocks == leaf)) * x0.shape[0] * lpl * leaves   # leaves per leaf block
-    # Timed as `checked`: interleaved with BlackJAX, the plain call (`nuts.sample`'s) measured 1.3-2x
-    # slower than `checked` although alone the two take the same time (2026-11-26; not understood).
+    # Timed as `checked` (earlier, interleaved with BlackJAX, the plain call measured 1.3-2x slower; after
+    # stop 33's host-work changes `checked`, the plain call and `nuts.sample` measure within 3% of each
+    # other, interleaved, at 16 and 128 chains: 2026-11-26, stop 34).
     return Run(lambda: prog.checked(*args), int(np.asarray(out.info.num_integration_steps).sum()), executed,
                np.asarray(out.position))
 
