@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"{by_time.info['measured']['default'] * 1e3:.2f} ms" if "measured" in by_time.info else "")
               + (f" ({by_time.info['dropped']}: table dropped)" if "dropped" in by_time.info else ""))
         variants = {"default": (f, None), "earliest": (f.with_schedule("earliest"), None),
-                    "fsm (steps)": (f.with_schedule(by_steps), steps_s), "fsm (time)": (f.with_schedule(by_time), time_s)}
+                    "fsm (steps)": (f.with_schedule(by_steps), steps_s),
+                    "fsm (time)": (f.with_schedule(by_time), time_s)}
         want = np.asarray(f(*args)[0])
         fns = {}
         for name, (g, _) in variants.items():

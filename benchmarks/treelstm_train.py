@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             for k in ["depth"] + [k for k in variants if k not in r["errors"]]:
                 fwd, step = s[f"{k}:fwd"], s[k]
                 out.append([str(r["batch"]), LABELS.get(k, "depth-batched"), fmt_time(fwd), fmt_time(step - fwd),
-                            fmt_time(step), f"{fwd / s['depth:fwd']:.2f}x", f"{(step - fwd) / (s['depth'] - s['depth:fwd']):.2f}x"])
+                            fmt_time(step), f"{fwd / s['depth:fwd']:.2f}x",
+                            f"{(step - fwd) / (s['depth'] - s['depth:fwd']):.2f}x"])
         print_table(["batch", "system", "forward", "backward", "step", "forward / depth's", "backward / depth's"], out)
 
     print("\nMemory (MiB)")

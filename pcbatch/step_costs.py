@@ -64,8 +64,9 @@ def arithmetic_seconds(prog: Any, width: int, iterations: int = 32) -> np.ndarra
     trip's (0 for blocks without arithmetic)."""
     def keep(out: Any, c: jax.Array) -> jax.Array:
         # One element of every float result reaches the carry: nothing is dead code.
-        leaves = [x for x in jax.tree_util.tree_leaves(out) if jnp.issubdtype(x.dtype, jnp.inexact)]
-        return c * 0.5 + sum((jnp.ravel(x)[0].astype(jnp.float32) for x in leaves), jnp.zeros((), jnp.float32)) * 1e-30
+        leaves = [x for x in jax.tree_util.tree_leaves(out) if jnp.issubdtype(x.dtype, jnp.inexact) and x.size]
+        firsts = sum((jnp.real(jnp.ravel(x)[0]).astype(jnp.float32) for x in leaves), jnp.zeros((), jnp.float32))
+        return c * 0.5 + firsts * 1e-30
 
     empty = _loop_seconds(lambda inputs, c: keep(inputs, c), {"x": jnp.zeros((width,), jnp.float32)}, iterations)
     out = np.zeros(prog.num_blocks)
