@@ -12,8 +12,8 @@ says some shortest schedule starts with a.
 With `costs` (one per block: what a step running it takes, e.g. in µs), the
 objective is the schedule's total cost instead of its step count: a step of
 type a earns `cost[a] * r` (costs scaled to mean 1), the greedy replays keep
-the cheapest table, and a table no cheaper than running the earliest ready
-block (the policy's fallback) is dropped for the fallback itself.
+the cheapest table, and a table no cheaper than its fallback alone (what the
+policy runs in states it does not know) is dropped for the fallback.
 
 Training follows the reference implementation: Q starts at 0 for each ready
 type of a new state (optimistic, as rewards lie in [-1, alpha - 1]), ε-greedy
