@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.block_layout
 	$(BIN)/python -m benchmarks.treelstm_train
 	$(BIN)/python -m benchmarks.schedule_quality
+	$(BIN)/python -m benchmarks.schedule_time
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[jupyter]"
