@@ -208,10 +208,11 @@ class Autobatched:
         objective): the number of steps. `"estimate"`: the time they take, a
         step running each block costing what `pcbatch.step_costs.estimate`
         measures for this machine (a few timed calls, a second or two); the
-        table is dropped for its fallback where the model says
-        it would not be faster, and then the learned machine is timed against
-        the default (`policy.info["measured"]`, seconds a call) and dropped
-        if it measured slower. Or one positive number per block of
+        table is dropped for its fallback where the model says it would not be
+        faster; the learned machine is timed against the default
+        (`policy.info["measured"]`, seconds a call), learned once more with
+        the model corrected where it measured slower, and dropped if still
+        slower (`pcbatch.step_costs.learn`). Or one positive number per block of
         `lowered(*args)`. A state the table does not know runs what the
         machine's default schedule would (the earliest ready block, or with
         forks the earliest that does not return)."""
@@ -222,22 +223,25 @@ class Autobatched:
         # Unseen states fall back to what the machine runs by default: ReturnsLast with forks.
         default = get_scheduler(exe.options.schedule, exe.prog)
         returns = default.returns if isinstance(default, ReturnsLast) else None
-        estimated = isinstance(costs, str)
-        if estimated:
+        qconfig = config if config is not None else QConfig()
+
+        def learn(costs: Any) -> Policy:
+            return learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
+                                     progress=progress, config=qconfig, costs=costs, returns=returns)
+
+        if isinstance(costs, str):
             if costs != "estimate":
                 raise OptionError("costs", f"must be None, 'estimate' or one number per block; got {costs!r}")
             from pcbatch import step_costs
-            costs = step_costs.estimate(self, graph, *sample_args)
-        policy = learn_from_graphs([graph], graph.num_types, encoding=encoding, trials=trials, seed=seed,
-                                   progress=progress, config=config if config is not None else QConfig(),
-                                   costs=costs, returns=returns)
-        policy.info["forks"] = exe.prog.has_forks  # read by `compile.executable`
-        if estimated and any(a != policy.fallback(s) for s, a in zip(policy.states, policy.actions)):
-            mine, fallback = step_costs.compare(self.with_schedule(policy), self, *sample_args)
-            policy.info["measured"] = {"policy": mine, "default": fallback}
-            if mine >= fallback and isinstance(default, (Earliest, ReturnsLast)):  # the fallback is the default
+            policy = step_costs.learn(self, graph, default, learn, *sample_args)
+            measured = policy.info.get("measured")
+            if measured and measured["policy"] >= measured["default"] and isinstance(default, (Earliest, ReturnsLast)):
+                # Slower even so, and the fallback is the default: keep the default.
                 policy = Policy(policy.num_types, policy.encoding, {}, returns=returns, info={
                     **policy.info, "dropped": "the learned table measured slower than the default"})
+        else:
+            policy = learn(costs)
+        policy.info["forks"] = exe.prog.has_forks  # read by `compile.executable`
         return policy
 
     def executable(self, *args: Any, **kwargs: Any) -> tuple[Executable, dict[str, Any]]:

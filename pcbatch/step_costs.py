@@ -110,3 +110,29 @@ def compare(f: Any, g: Any, *args: Any, rounds: int = 9) -> tuple[float, float]:
             jax.block_until_ready(call())
             times[k].append(time.perf_counter() - t0)
     return statistics.median(times[0]), statistics.median(times[1])
+
+
+def learn(f: Any, graph: ExecGraph, default: Any, learn_policy: Any, *args: Any, rounds: int = 2) -> Any:
+    """A policy learned for time: `learn_policy(costs)` on the estimated
+    costs, timed against the default schedule (`default`, a host policy) and,
+    where it measured slower, learned again once the model is corrected: the
+    steps it runs more often than the default were dearer than estimated, by
+    what the model missed. `policy.info["measured"]`: seconds a call, the
+    policy's and the default's (absent where no table was learned)."""
+    costs = estimate(f, graph, *args)
+    policy = None
+    for done in range(1, rounds + 1):
+        policy = learn_policy(costs)
+        if all(a == policy.fallback(s) for s, a in zip(policy.states, policy.actions)):
+            return policy
+        mine, base = compare(f.with_schedule(policy), f, *args)
+        policy.info.update(measured={"policy": mine, "default": base}, rounds=done)
+        extra = (np.bincount(simulate(graph, policy).types, minlength=costs.size)
+                 - np.bincount(simulate(graph, default).types, minlength=costs.size))
+        missed = (mine - base) - float(extra @ costs)
+        more = extra > 0
+        if mine < base or missed <= 0 or not more.any():
+            return policy
+        costs = costs.copy()
+        costs[more] += missed / float(extra[more].sum())
+    return policy
