@@ -211,3 +211,29 @@ def test_given_returns_a_policy_falls_back_to_the_earliest_block_that_does_not_r
     assert Policy.load(tmp_path / "p.json").returns == (True, False, False)
     with pytest.raises(ValueError, match="returns names 2 blocks"):
         Policy(3, "sort", {}, returns=(True, False))
+
+
+def test_a_table_measured_slower_is_learned_again_on_a_corrected_model(monkeypatch):
+    """`step_costs.learn` with its timings replaced. On `cheap_or_few` with A
+    ten times B, the cost-learned table runs one A step and five B steps where
+    the default (earliest) runs two and three; told it measured slower, the
+    model charges what it missed to B, the block it ran more often, and on the
+    corrected costs the default is cheapest: no table."""
+    from pcbatch import step_costs
+    from pcbatch.fsm.baselines import Earliest
+
+    graph = cheap_or_few()
+    monkeypatch.setattr(step_costs, "estimate", lambda f, g, *args: np.array([10.0, 1.0]))
+    monkeypatch.setattr(step_costs, "compare", lambda f, g, *args: (2.0, 1.0))   # policy slower by 1
+    fake = type("F", (), {"with_schedule": lambda self, p: self})()
+    seen = []
+
+    def learn(costs):
+        seen.append(np.array(costs))
+        return learn_from_graphs([graph], 2, trials=200, seed=0, progress=False, costs=costs)
+
+    policy = step_costs.learn(fake, graph, Earliest(), learn)
+    assert len(seen) == 2
+    # Extra steps: A -1, B +2; predicted -10 + 2 = -8, measured +1: 9 missed, over 2 extra B steps.
+    np.testing.assert_allclose(seen[1], [10.0, 1.0 + 9.0 / 2])
+    assert all(a == policy.fallback(s) for s, a in zip(policy.states, policy.actions))
