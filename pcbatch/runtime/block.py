@@ -36,6 +36,8 @@ from pcbatch.ir.core import (
     Return,
     StackProgram,
     Update,
+    op_reads,
+    op_writes,
 )
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.lanes import cast_to, zeros_of
@@ -229,7 +231,7 @@ def block_function(prog: StackProgram, b: int, width: int) -> tuple[Callable, di
     variables its ops read before assigning them, the stack tops it pops or
     peeks, the children's return values it joins) and those inputs' shapes;
     None for a block without arithmetic. Terminators and stack moves are left
-    out. For cost models (`block_flops`, `pcbatch.step_costs`)."""
+    out. For cost models (`pcbatch.step_costs`)."""
     block, types, cls = prog.blocks[b], prog.var_types, prog.var_class
     if not any(isinstance(op, Prim) for op in block.ops):
         return None
@@ -252,43 +254,16 @@ def block_function(prog: StackProgram, b: int, width: int) -> tuple[Callable, di
     tops: dict[str, None] = {}
     assigned: set[str] = set()
     for op in block.ops:
-        if isinstance(op, Prim):
-            names.update((v, None) for v in op.ins if v not in assigned)
-            assigned.update(op.outs)
-        elif isinstance(op, (Push, Update)):
-            if op.var not in assigned:
-                names[op.var] = None
-        elif isinstance(op, (Pop, Peek)):
-            tops[stack_of[op.var]] = None
-            assigned.add(op.var)
-        elif isinstance(op, Join):
+        names.update((v, None) for v in op_reads(op) if v not in assigned)
+        if isinstance(op, Join):  # the children's return values
             names.update((r, None) for r in op.rets)
-            assigned.update(op.outs)
         elif isinstance(op, Collect):
             names[op.ret] = None
-            if op.when is not None and op.when not in assigned:
-                names[op.when] = None
-            assigned.update((op.out, op.flag))
-        elif isinstance(op, Launch):
-            names.update((a, None) for a in op.call.args if a not in assigned)
+        elif isinstance(op, (Pop, Peek)):
+            tops[stack_of[op.var]] = None
+        assigned.update(op_writes(op))
     spec = lambda t, lead: tree_map(lambda s: jax.ShapeDtypeStruct(lead + s.shape, s.dtype), t)  # noqa: E731
     specs = {"var": {v: spec(types[v], () if cls.get(v) == CONSTANT else (width,)) for v in names if v in types},
              "top": {s: spec(layout.stacks[s], (width,)) for s in tops}}
     return run, specs
 
-
-def block_flops(prog: StackProgram, width: int) -> list[float]:
-    """XLA's flop count of each block's ops on `width` rows (`block_function`;
-    0 where a backend has no cost analysis)."""
-    def flops(b: int) -> float:
-        made = block_function(prog, b, width)
-        if made is None:
-            return 0.0
-        try:
-            cost = jax.jit(made[0]).lower(made[1]).cost_analysis()
-        except Exception:  # noqa: BLE001 - a backend without cost analysis: no estimate
-            return 0.0
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        return float((cost or {}).get("flops", 0.0))
-
-    return [flops(b) for b in range(prog.num_blocks)]
