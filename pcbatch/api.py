@@ -216,7 +216,7 @@ class Autobatched:
         `lowered(*args)`. A state the table does not know runs what the
         machine's default schedule would (the earliest ready block, or with
         forks the earliest that does not return)."""
-        from pcbatch.fsm.base import Earliest, ReturnsLast
+        from pcbatch.fsm.base import ReturnsLast
         from pcbatch.fsm.qlearn import QConfig, learn_from_graphs
         graph = self.execution_graph(*sample_args)
         exe, _ = self.executable(*sample_args)
@@ -234,11 +234,6 @@ class Autobatched:
                 raise OptionError("costs", f"must be None, 'estimate' or one number per block; got {costs!r}")
             from pcbatch import step_costs
             policy = step_costs.learn(self, graph, default, learn, *sample_args)
-            measured = policy.info.get("measured")
-            if measured and measured["policy"] >= measured["default"] and isinstance(default, (Earliest, ReturnsLast)):
-                # Slower even so, and the fallback is the default: keep the default.
-                policy = Policy(policy.num_types, policy.encoding, {}, returns=returns, info={
-                    **policy.info, "dropped": "the learned table measured slower than the default"})
         else:
             policy = learn(costs)
         policy.info["forks"] = exe.prog.has_forks  # read by `compile.executable`

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pcbatch.fsm import get_scheduler
+from pcbatch.fsm import Policy, get_scheduler
+from pcbatch.fsm.base import Earliest, ReturnsLast
 from pcbatch.fsm.graph import ExecGraph
 from pcbatch.fsm.simulation import simulate
 from pcbatch.runtime.block import block_function
@@ -112,27 +113,33 @@ def compare(f: Any, g: Any, *args: Any, rounds: int = 9) -> tuple[float, float]:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def learn(f: Any, graph: ExecGraph, default: Any, learn_policy: Any, *args: Any, rounds: int = 2) -> Any:
+def learn(f: Any, graph: ExecGraph, default: Any, learn_policy: Any, *args: Any, rounds: int = 2) -> Policy:
     """A policy learned for time: `learn_policy(costs)` on the estimated
     costs, timed against the default schedule (`default`, a host policy) and,
     where it measured slower, learned again once the model is corrected: the
     steps it runs more often than the default were dearer than estimated, by
-    what the model missed. `policy.info["measured"]`: seconds a call, the
-    policy's and the default's (absent where no table was learned)."""
+    what the model missed. Still slower, it is dropped for its fallback where
+    that is the default (`Earliest`, `ReturnsLast`). `policy.info["measured"]`:
+    seconds a call, the policy's and the default's (absent where no table was
+    learned)."""
     costs = estimate(f, graph, *args)
-    policy = None
+    base_counts = np.bincount(simulate(graph, default).types, minlength=costs.size)
     for done in range(1, rounds + 1):
         policy = learn_policy(costs)
         if all(a == policy.fallback(s) for s, a in zip(policy.states, policy.actions)):
             return policy
         mine, base = compare(f.with_schedule(policy), f, *args)
         policy.info.update(measured={"policy": mine, "default": base}, rounds=done)
-        extra = (np.bincount(simulate(graph, policy).types, minlength=costs.size)
-                 - np.bincount(simulate(graph, default).types, minlength=costs.size))
+        if mine < base:
+            return policy
+        extra = np.bincount(simulate(graph, policy).types, minlength=costs.size) - base_counts
         missed = (mine - base) - float(extra @ costs)
         more = extra > 0
-        if mine < base or missed <= 0 or not more.any():
-            return policy
+        if missed <= 0 or not more.any():
+            break
         costs = costs.copy()
         costs[more] += missed / float(extra[more].sum())
+    if isinstance(default, (Earliest, ReturnsLast)):  # slower even so, and the fallback is the default
+        return Policy(policy.num_types, policy.encoding, {}, returns=policy.returns, info={
+            **policy.info, "dropped": "the learned table measured slower than the default"})
     return policy

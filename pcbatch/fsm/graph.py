@@ -31,7 +31,7 @@ def gather_rows(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> np.ndarra
 
 class Links:
     """CSR rows (`gather_rows`) with a fast path where every row holds at most
-    one entry (a lane's chain of blocks): then a gather is one index. `unique`:
+    one entry (a lane's chain of blocks): then a gather is one index. `repeats`:
     whether a gather's entries can repeat (some entry is in several rows)."""
 
     def __init__(self, ptr: np.ndarray, idx: np.ndarray) -> None:

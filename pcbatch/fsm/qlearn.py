@@ -124,7 +124,7 @@ def learn_from_graphs(
     if weight is not None:  # a table that does no better than its own fallback is not worth a lookup per step
         fallback = _total(graphs, Policy(num_types, encoding, {}, returns=returns), weight)
         if best >= fallback:
-            best_table = {}
+            best_table, best = {}, fallback
     final = Policy(num_types, encoding, best_table, returns=returns)
     table, transitions = _replay(graphs, final)
     # Beyond the replayed states, keep the most visited ones whose choice
@@ -133,7 +133,7 @@ def learn_from_graphs(
                    key=lambda s: -visits[s])
     table.update((s, best_table[s]) for s in extra[: max(0, config.max_states - len(table))])
     info = {
-        "steps": _total(graphs, final, None),
+        "steps": best if weight is None else _total(graphs, final, None),
         "lower_bound": bound,
         "episodes": episodes,
         "seconds": round(time.perf_counter() - started, 3),
@@ -143,8 +143,7 @@ def learn_from_graphs(
     }
     if weight is not None:
         scale = float(np.mean(costs))
-        info.update(costs=[float(c) for c in costs], cost=_total(graphs, final, weight) * scale,
-                    fallback_cost=fallback * scale)
+        info.update(costs=[float(c) for c in costs], cost=best * scale, fallback_cost=fallback * scale)
     return Policy(num_types, encoding, table, transitions, info, returns)
 
 

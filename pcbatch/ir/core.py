@@ -14,7 +14,6 @@ Variables are names. In a `StackProgram` they are qualified by function
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Mapping, Union
