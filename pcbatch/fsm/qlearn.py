@@ -87,7 +87,9 @@ def learn_from_graphs(
     if costs is not None:
         weight = np.asarray(costs, np.float64)
         if weight.shape != (num_types,) or not np.all(np.isfinite(weight)) or np.any(weight <= 0):
-            raise ValueError(f"costs must be {num_types} positive numbers, one per block; got {costs!r}")
+            from pcbatch.errors import OptionError
+            raise OptionError("costs", f"must be {num_types} positive numbers, one per block; got {costs!r}",
+                              "one per block of `f.lowered(*args)` (its `num_blocks`), or costs='estimate'")
         weight = weight / weight.mean()
 
     started = time.perf_counter()

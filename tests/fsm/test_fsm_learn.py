@@ -189,7 +189,9 @@ def test_costs_keep_no_table_where_the_fallback_is_as_cheap(figure1):
 
 @pytest.mark.parametrize("costs", [[1.0], [1.0, 0.0], [1.0, float("nan")], [1.0, -2.0]])
 def test_bad_costs_raise(costs):
-    with pytest.raises(ValueError, match="costs must be 2 positive numbers"):
+    from pcbatch.errors import OptionError
+
+    with pytest.raises(OptionError, match="costs: must be 2 positive numbers"):   # an OptionError is a ValueError
         learn_from_graphs([cheap_or_few()], 2, trials=5, progress=False, costs=costs)
 
 
