@@ -254,14 +254,16 @@ def load_ast_trees(split: str = "train", *, max_nodes: int = 128, min_nodes: int
         if module is None:
             continue
         for fn in function_defs(module):
-            relabel, label = None, 0
+            # Most functions do not fit: encoding gives up early, so size them before the task's walks.
+            tree = encode_function(fn, max_nodes=max_nodes, max_children=max_children, drop_context=drop_context)
+            if tree is None or int(tree.num_nodes) < min_nodes:
+                continue
+            label = 0
             if task == "returns_value":
                 label = int(returns_value(fn))
                 relabel = {id(n): _TOKEN["Expr"] for n in ast.walk(fn) if isinstance(n, ast.Return)}
-            tree = encode_function(fn, max_nodes=max_nodes, max_children=max_children, drop_context=drop_context,
-                                   relabel=relabel)
-            if tree is None or int(tree.num_nodes) < min_nodes:
-                continue
+                tree = encode_function(fn, max_nodes=max_nodes, max_children=max_children,
+                                       drop_context=drop_context, relabel=relabel)
             out.trees.append(tree)
             labels.append(label)
             out.modules.append(name)

@@ -36,6 +36,7 @@ def _rotl(x: jax.Array, r: int) -> jax.Array:
     return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
 
 
+@jax.jit  # one dispatch where eager code (the samplers' Python references) would run ~100 ops
 def threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Threefry-2x32 (20 rounds) of the counter words `(x0, x1)` under key `(k0, k1)`."""
     ks = (k0, k1, k0 ^ k1 ^ _PARITY)
