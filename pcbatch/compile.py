@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
 import jax
@@ -345,8 +345,8 @@ def compile_program(prog: StackProgram, signature: Signature, options: Options, 
                 active: Any = None, lean: bool = False) -> tuple[Any, Status, Any]:
         on_trace()
         with _context.in_building():
-            config = replace(machine_config(prog, batch, options)[1], count_blocks=not lean)
-            result, status, workspace = run_machine(prog, inputs, batch, config, workspace, active)
+            result, status, workspace = run_machine(prog, inputs, batch, machine_config(prog, batch, options)[1],
+                                                    workspace, active)
         if lean:  # nobody reads the per-example block counts: XLA drops their updates from the loop
             status = status._replace(blocks_run=jnp.zeros_like(status.blocks_run))
         return result, status, workspace

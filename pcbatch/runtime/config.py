@@ -33,6 +33,3 @@ class MachineConfig:
     max_lanes: int | None = None  # fork-join: the lane pool (default: the batch)
     lane_width: int | None = None  # fork-join: most lanes one step runs (default: the pool)
     tuning: Tuning = Tuning()
-    # Whether a step counts each example's blocks in the lanes it runs (`Status.blocks_run`);
-    # a plain call never shows them, and its machine leaves the count to XLA to drop.
-    count_blocks: bool = True

@@ -92,7 +92,6 @@ class Machine:
         self.widths = config.tuning.widths(num_lanes)  # the gradient pass's row buckets
         self.depth = config.max_stack_depth
         self.max_steps = config.max_steps
-        self.count_blocks = config.count_blocks
         self.scheduler = bind(config.scheduler, prog)
         self.halt = prog.num_blocks
         self.overflowed = prog.num_blocks + 1  # a halted lane whose recursion overflowed
@@ -204,8 +203,6 @@ class Machine:
                 if v in regs:
                     regs[v] = x if v in clean else select_where(active, x, regs[v])
             lane_state.update(pc=jnp.where(active, ran.pc, lane_state["pc"]), regs=regs, sps=ran.sps)
-            if "depth" in lane_state:  # blocks run per lane (`status.blocks_run`), in the pc update's loop
-                lane_state["depth"] = lane_state["depth"] + active.astype(lane_state["depth"].dtype)
             if prog.has_calls:
                 lane_state["pc_sp"] = ran.pc_sp
             return lane_state, writes
@@ -313,7 +310,6 @@ class Machine:
         follow = [(b, self.block_cond(b, consts, inv))
                   for b in (getattr(self.scheduler, "follow", ()) if recorder is None else ())]
         halt, max_steps = self.halt, self.max_steps
-        heavy = jnp.asarray([b in self.heavy for b in range(self.prog.num_blocks)] + [False])
 
         def cond(state: MachineState):
             running = jnp.any(state.pc < halt)
@@ -327,16 +323,11 @@ class Machine:
             earliest = jnp.minimum(jnp.min(before), halt)
             block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, depth, earliest))
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
-            if light:  # counting, a light block adds its lanes' runs in its own branch (no kernel of its own)
+            if light:
                 state = self._switch_step(slot[block] if self.heavy else block, block, branches, state)
             for b, run_in_place in in_place:
                 state = run_in_place(block == b, state)
-            if not (light and self.count_blocks):  # (uncounted, XLA drops this unless a scheduler reads it)
-                depth = depth + (before == block)
-            elif self.heavy:
-                depth = state.depth + ((before == block) & heavy[block])
-            else:
-                depth = state.depth
+            depth = depth + (before == block)
             for b, run_in_place in follow:
                 here = state.pc == b
                 depth = depth + here
@@ -360,8 +351,7 @@ class Machine:
         if self.prog.has_calls:
             stacks[PC] = state.pc_stack
         lane_state = {"pc": state.pc, "regs": {v: state.regs[v] for v in self.small},
-                      "sps": state.sps, **({"pc_sp": state.pc_sp} if state.pc_sp is not None else {}),
-                      **({"depth": state.depth} if self.count_blocks else {})}
+                      "sps": state.sps, **({"pc_sp": state.pc_sp} if state.pc_sp is not None else {})}
         # Only the tops go into the switch: a whole stack there would be copied
         # every step (XLA cannot tell the branch's read precedes the scatter below).
         sps = {**lane_state["sps"], **({PC: lane_state["pc_sp"]} if PC in stacks else {})}
@@ -375,7 +365,6 @@ class Machine:
                                  lambda a, r, x: a, stacks[v], row, value)
         pc_stack = stacks.pop(PC) if self.prog.has_calls else state.pc_stack
         return state._replace(pc=lane_state["pc"], regs={**state.regs, **lane_state["regs"]}, sps=lane_state["sps"],
-                              depth=lane_state.get("depth", state.depth),
                               pc_sp=lane_state.get("pc_sp", state.pc_sp), pc_stack=pc_stack, stacks=stacks)
 
     def _light_branch(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
