@@ -24,6 +24,15 @@ def cast_to(value: Any, t: Any, lanes: int | None) -> Any:
     return tree_map(leaf, value, t)
 
 
+def with_columns(table: jax.Array, values: dict[int, Any]) -> jax.Array:
+    """`table` with the columns `values` names (last axis) replaced, broadcast over the rest:
+    one fused loop, where a chain of `.at[..., c].set` is a scatter kernel each (a block's
+    switch branch in the pool wrote its lane rows with 4-8 of them)."""
+    lead = table.shape[:-1]
+    return jnp.stack([jnp.broadcast_to(jnp.asarray(values[c], table.dtype), lead) if c in values else table[..., c]
+                      for c in range(table.shape[-1])], axis=-1)
+
+
 def select_where(mask: jax.Array, new: Any, old: Any) -> Any:
     def leaf(n, o):
         return jnp.where(mask.reshape(mask.shape + (1,) * (o.ndim - 1)), n, o)

@@ -55,7 +55,7 @@ from pcbatch.ir.flow import lane_successors, return_targets
 from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.state import FreeLanes, PoolState, Queues
-from pcbatch.runtime.lanes import cast_to, gather_rows, pad_rows, scatter_rows, zeros_of
+from pcbatch.runtime.lanes import cast_to, gather_rows, pad_rows, scatter_rows, with_columns, zeros_of
 from pcbatch.runtime.config import MachineConfig, Status
 from pcbatch.runtime.loop import block_in, while_loop_recorded
 from pcbatch.runtime.stacks import StackLayout
@@ -219,12 +219,10 @@ class PoolMachine:
         """Lane-table rows of children started by `parents` (any shape): a
         fresh bottom frame, no children of their own."""
         M, col, idx = self.lanes, self.col, index_dtype()
-        rows = jnp.zeros(parents.shape + (self.num_cols,), idx)
-        rows = rows.at[..., col["pc_sp"]].set(1).at[..., self.kids].set(M)
-        for name in ("kid_head", "kid_tail", "sibling"):
-            rows = rows.at[..., col[name]].set(M)
-        return rows.at[..., col["parent"]].set(parents).at[..., col["depth"]].set(depth).at[..., col["example"]].set(
-            example)
+        values = {col["pc_sp"]: 1, col["parent"]: parents, col["depth"]: depth, col["example"]: example,
+                  **{col[name]: M for name in ("kid_head", "kid_tail", "sibling")},
+                  **{c: M for c in range(self.kids.start, self.kids.stop)}}
+        return with_columns(jnp.zeros(parents.shape + (self.num_cols,), idx), values)
 
     # --- one block on a compacted batch -----------------------------------
 
@@ -375,7 +373,7 @@ class PoolMachine:
                 used = jnp.sum(can, dtype=idx) * k
                 kids = jnp.where(can[:, None], view["free"][:W * k].reshape(W, k), M)
                 kids = jnp.pad(kids, ((0, 0), (0, K - k)), constant_values=M)
-                own = own.at[:, self.kids].set(kids)
+                own = with_columns(own, {c: kids[:, j] for j, c in enumerate(range(self.kids.start, self.kids.stop))})
                 changes["pending"] = jnp.where(can, k, get("pending"))
                 # The children's rows: a fresh bottom frame, this lane as parent.
                 rows = self.child_rows(jnp.broadcast_to(ids[:, None], (W, K)),  # the Fork's successors' depth
@@ -400,8 +398,7 @@ class PoolMachine:
 
             for s in self.stacks:
                 changes[f"sp:{s}"] = ran.sps[s]
-            for name, x in changes.items():
-                own = own.at[:, col[name]].set(x.astype(idx))
+            own = with_columns(own, {col[name]: x for name, x in changes.items()})
             # Every branch returns the same structure: zeros for registers it does not write.
             regs = {v: ran.env[v] if b in self.writers[v] else zeros_of(types[v], (W,))
                     for v in self.stored if self.writers[v]}
