@@ -132,6 +132,8 @@ def learn(f: Any, graph: ExecGraph, default: Any, learn_policy: Any, *args: Any,
         policy.info.update(measured={"policy": mine, "default": base}, rounds=done)
         if mine < base:
             return policy
+        if done == rounds:  # no round left to use a corrected model
+            break
         extra = np.bincount(simulate(graph, policy).types, minlength=costs.size) - base_counts
         missed = (mine - base) - float(extra @ costs)
         more = extra > 0
