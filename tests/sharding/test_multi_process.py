@@ -3,8 +3,8 @@ processes on localhost (`jax.distributed.initialize`, CPU collectives over
 gloo), two forced host devices each, one global mesh over all four devices
 (and, marked slow, four processes of one device each).
 
-Each pytest test launches this file twice as a worker (`python
-test_multi_process.py PROCESS_ID NUM_PROCESSES PORT GROUP DEVICES`); both workers run the
+Each pytest test launches this file as its workers (`python
+test_multi_process.py PROCESS_ID NUM_PROCESSES PORT DEVICES`); every worker runs the
 same program; its last check runs `pcbatch.mcmc.nuts.sample` under
 `pcbatch.sharded(global_mesh)` and compares it with the same chains unsharded. Each feeds its local shard of the batch
 (`jax.make_array_from_process_local_data`) or, for a batch the devices do not
@@ -27,17 +27,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PROCESSES, DEVICES_PER_PROCESS = 2, 2
 
-# What a worker checks, in order, per group: the pytest tests assert every name is reported.
-CHECKS = {
-    "programs": ["local-shards", "numpy-whole-batch-padded", "checked-status", "jit", "shared-argument",
-                 "gradient-error", "auto-axis", "no-collectives-in-loop", "overflow-error", "no-mesh-error", "fork-join",
-                 "nuts-sharded-context"],
-}
+# What a worker checks, in order: the pytest tests assert every name is reported.
+CHECKS = ["local-shards", "numpy-whole-batch-padded", "checked-status", "jit", "shared-argument", "gradient-error",
+          "auto-axis", "no-collectives-in-loop", "overflow-error", "no-mesh-error", "fork-join", "nuts-sharded-context"]
 
 
 # --- the worker (a fresh process: JAX is configured before first use) -------
 
-def worker(process_id: int, num_processes: int, port: int, group: str, devices: int) -> None:
+def worker(process_id: int, num_processes: int, port: int, devices: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
     # The device count after the flags the tests run with (tests/conftest.py): the last one wins.
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
@@ -212,14 +209,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(group: str, processes: int = PROCESSES, devices: int = DEVICES_PER_PROCESS,
+def launch(processes: int = PROCESSES, devices: int = DEVICES_PER_PROCESS,
            timeout: float = 600) -> list[str]:
-    """Run the worker group in `processes` processes of `devices` CPU devices each; their outputs."""
+    """Run the worker in `processes` processes of `devices` CPU devices each; their outputs."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
            "JAX_PLATFORMS": "cpu"}
     port = free_port()
     logs = [tempfile.TemporaryFile("w+") for _ in range(processes)]
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), str(i), str(processes), str(port), group, str(devices)],
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), str(i), str(processes), str(port), str(devices)],
                               cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
              for i, log in enumerate(logs)]
     deadline = time.monotonic() + timeout
@@ -244,20 +241,20 @@ def launch(group: str, processes: int = PROCESSES, devices: int = DEVICES_PER_PR
     return outputs
 
 
-def check(group: str, **launch_options) -> None:
-    for i, out in enumerate(launch(group, **launch_options)):
+def check(**launch_options) -> None:
+    for i, out in enumerate(launch(**launch_options)):
         reported = [ln.split()[1] for ln in out.splitlines() if ln.startswith("CHECK-OK ")]
-        assert reported == CHECKS[group], f"process {i} reported {reported}:\n{out[-4000:]}"
+        assert reported == CHECKS, f"process {i} reported {reported}:\n{out[-4000:]}"
 
 
 def test_two_processes_four_devices_equal_reference():
-    check("programs")  # NUTS included: one pair of processes, not two (CI's time)
+    check()
 
 
 @pytest.mark.slow  # four JAX processes on a small machine: about a minute
 def test_four_processes_one_device_each():
-    check("programs", processes=4, devices=1)
+    check(processes=4, devices=1)
 
 
 if __name__ == "__main__":
-    worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+    worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
