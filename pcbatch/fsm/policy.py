@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pcbatch.errors import OptionError
 from pcbatch.fsm.base import Frontier
 
 if TYPE_CHECKING:  # the offline simulation: only a type here, never imported by the machine
@@ -170,7 +171,6 @@ class Policy:
 
     def init(self, num_blocks: int, num_lanes: int) -> Any:
         if num_blocks != self.num_types:
-            from pcbatch.errors import OptionError
             raise OptionError("schedule", f"this policy was learned for a program of {self.num_types} blocks; the "
                                           f"one running has {num_blocks}",
                               "learn it with pcbatch.fsm.learn on the same function, options and argument types "

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
+from pcbatch.errors import OptionError
 from pcbatch.fsm.graph import ExecGraph, lower_bound
 from pcbatch.fsm.policy import ENCODINGS, Policy, State, encode_state
 from pcbatch.fsm.simulation import Simulation, simulate
@@ -87,7 +88,6 @@ def learn_from_graphs(
     if costs is not None:
         weight = np.asarray(costs, np.float64)
         if weight.shape != (num_types,) or not np.all(np.isfinite(weight)) or np.any(weight <= 0):
-            from pcbatch.errors import OptionError
             raise OptionError("costs", f"must be {num_types} positive numbers, one per block; got {costs!r}",
                               "one per block of `f.lowered(*args)` (its `num_blocks`), or costs='estimate'")
         weight = weight / weight.mean()
