@@ -152,6 +152,7 @@ class PoolMachine:
                  "stalled"] + [f"sp:{s}" for s in self.stacks]
         self.col = {n: k for k, n in enumerate(names)}
         self.kids = slice(len(names), len(names) + self.fan)
+        self.kid_cols = range(self.kids.start, self.kids.stop)
         self.num_cols = len(names) + self.fan
 
     def workspace_shapes(self) -> dict[str, Any]:
@@ -221,7 +222,7 @@ class PoolMachine:
         M, col, idx = self.lanes, self.col, index_dtype()
         values = {col["pc_sp"]: 1, col["parent"]: parents, col["depth"]: depth, col["example"]: example,
                   **{col[name]: M for name in ("kid_head", "kid_tail", "sibling")},
-                  **{c: M for c in range(self.kids.start, self.kids.stop)}}
+                  **dict.fromkeys(self.kid_cols, M)}
         return with_columns(jnp.zeros(parents.shape + (self.num_cols,), idx), values)
 
     # --- one block on a compacted batch -----------------------------------
@@ -373,7 +374,7 @@ class PoolMachine:
                 used = jnp.sum(can, dtype=idx) * k
                 kids = jnp.where(can[:, None], view["free"][:W * k].reshape(W, k), M)
                 kids = jnp.pad(kids, ((0, 0), (0, K - k)), constant_values=M)
-                own = with_columns(own, {c: kids[:, j] for j, c in enumerate(range(self.kids.start, self.kids.stop))})
+                own = with_columns(own, {c: kids[:, j] for j, c in enumerate(self.kid_cols)})
                 changes["pending"] = jnp.where(can, k, get("pending"))
                 # The children's rows: a fresh bottom frame, this lane as parent.
                 rows = self.child_rows(jnp.broadcast_to(ids[:, None], (W, K)),  # the Fork's successors' depth
