@@ -92,7 +92,8 @@ def test_differential_2d_uturns_and_schedules():
     assert isinstance(last.scheduler, nuts.GradientLast)
     assert last.scheduler.leaf == nuts.leaf_block(last.lowered(*args))
     quorum = last.with_schedule(nuts.GradientQuorum(last.scheduler.leaf))
-    _assert_same(quorum(*args), ref)  # (other schedulers: tests/core/test_schedules.py, the fuzz)
+    _assert_same(quorum(*args), ref)
+    _assert_same(quorum.with_schedule("earliest")(*args), ref)
     visits = [t.blocks.count(quorum.scheduler.leaf) for t in quorum.reference_trace(*args)]
     trace = last.trace(*args)  # GradientLast runs the leaf block once for every chain waiting there
     assert not trace.truncated and int(np.sum(trace.blocks == quorum.scheduler.leaf)) == max(visits) < sum(visits)
