@@ -13,10 +13,14 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_REPO, ".cache",
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 # The tests run small inputs, where compiling costs more than running: no LLVM
 # optimizations (tests/runtime/test_fork.py, cold: 2m44 -> 2m15) and XLA:CPU's older
-# elemental emitters instead of its fusion emitters (tests/core/test_corpus.py: 56 s -> 37 s).
-# Results are checked with the same tolerances either way. Your own XLA_FLAGS win; tests
-# that start a process needing a flag of its own (a device count) append it to these.
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
+# elemental emitters instead of its fusion emitters (tests/core/test_corpus.py: 56 s -> 37 s),
+# and each program's machine code emitted as one LLVM module, not split for parallel codegen:
+# `make test` already runs a worker per core, and each split module pays LLVM's set-up again
+# (tests/runtime/test_fork.py's programs: 13% less CPU). Results are checked with the same
+# tolerances either way. Your own XLA_FLAGS win; tests that start a process needing a flag of
+# its own (a device count) append it to these.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
+                                   "--xla_cpu_parallel_codegen_split_count=1")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
