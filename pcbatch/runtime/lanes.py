@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from pcbatch.runtime.dtypes import index_dtype
 
@@ -27,10 +28,25 @@ def cast_to(value: Any, t: Any, lanes: int | None) -> Any:
 def with_columns(table: jax.Array, values: dict[int, Any]) -> jax.Array:
     """`table` with the columns `values` names (last axis) replaced, broadcast over the rest:
     one fused loop, where a chain of `.at[..., c].set` is a scatter kernel each (a block's
-    switch branch in the pool wrote its lane rows with 4-8 of them)."""
-    lead = table.shape[:-1]
-    return jnp.stack([jnp.broadcast_to(jnp.asarray(values[c], table.dtype), lead) if c in values else table[..., c]
-                      for c in range(table.shape[-1])], axis=-1)
+    switch branch in the pool wrote its lane rows with 4-8 of them). Untouched columns go
+    over in runs (one slice each): fewer operations to trace, lower and compile."""
+    lead, width, last = table.shape[:-1], table.shape[-1], table.ndim - 1
+    parts, c = [], 0
+    while c < width:
+        if c in values:
+            v = jnp.asarray(values[c], table.dtype)
+            parts.append(lax.broadcast_in_dim(v, lead + (1,), tuple(range(last - v.ndim, last))))
+            c += 1
+        else:
+            end = next((k for k in range(c, width) if k in values), width)
+            parts.append(lax.slice_in_dim(table, c, end, axis=last))
+            c = end
+    return lax.concatenate(parts, last) if len(parts) > 1 else parts[0]
+
+
+def column(table: jax.Array, c: int) -> jax.Array:
+    """Column `c` of `table` (last axis), without numpy-style indexing's tracing cost."""
+    return lax.index_in_dim(table, c, axis=table.ndim - 1, keepdims=False)
 
 
 def select_where(mask: jax.Array, new: Any, old: Any) -> Any:

@@ -55,7 +55,7 @@ from pcbatch.ir.flow import lane_successors, return_targets
 from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.state import FreeLanes, PoolState, Queues
-from pcbatch.runtime.lanes import cast_to, gather_rows, pad_rows, scatter_rows, with_columns, zeros_of
+from pcbatch.runtime.lanes import cast_to, column, gather_rows, pad_rows, scatter_rows, with_columns, zeros_of
 from pcbatch.runtime.config import MachineConfig, Status
 from pcbatch.runtime.loop import block_in, while_loop_recorded
 from pcbatch.runtime.stacks import StackLayout
@@ -239,7 +239,7 @@ class PoolMachine:
             ids = view["ids"][:W]
             valid = ids < M
             own = view["lane"].at[ids].get(mode="fill", fill_value=0)
-            get = lambda name: own[:, col[name]]  # noqa: E731
+            get = lambda name: column(own, col[name])  # noqa: E731
             sps = {s: get(f"sp:{s}") for s in self.stacks}
             changes: dict[str, jax.Array] = {"depth": get("depth") + 1}
             pc_write = (jnp.full((W,), D, idx), jnp.zeros((W,), idx))
@@ -346,7 +346,7 @@ class PoolMachine:
                                        jnp.broadcast_to(changes["depth"][:, None], (W, L)),
                                        jnp.broadcast_to(get("example")[:, None], (W, L)))
                 nexts = jnp.concatenate([kids[:, 1:], jnp.full((W, 1), M, idx)], axis=1)
-                rows = rows.at[:, :, col["sibling"]].set(nexts)
+                rows = with_columns(rows, {col["sibling"]: nexts})
                 starts = jnp.broadcast_to(jnp.array([c.target for c in calls], idx), (W, L))
                 pad = ((0, 0), (0, K - L))
                 kids_k = jnp.pad(kids, pad, constant_values=M).reshape(-1)
@@ -498,7 +498,7 @@ class PoolMachine:
             count = queues.count
             # Only the schedulers that look at every lane read these (XLA drops them otherwise).
             sched_pc = jnp.where((pc >= 0) & (pc < halt), pc, halt)
-            depth = state.lane[:, col["depth"]]
+            depth = column(state.lane, col["depth"])
             block, sched = self.scheduler.choose(state.sched, Frontier(sched_pc, count, depth, jnp.argmax(count > 0)))
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
             n = jnp.minimum(count[block], N)
@@ -512,7 +512,7 @@ class PoolMachine:
                     "ids": ids, "n": n, "free": free, "free_top": free_top}
             out = lax.switch(block, branches, view)
             lane = state.lane.at[ids].set(out["lane"], mode="drop")
-            work = state.work.at[jnp.where(ids < M, out["lane"][:, col["example"]], B)].add(1, mode="drop")
+            work = state.work.at[jnp.where(ids < M, column(out["lane"], col["example"]), B)].add(1, mode="drop")
             # One conditional per set of writing blocks (a step pays for each, taken or not).
             regs = dict(state.regs)
             for writers, names in self.reg_groups:
@@ -541,7 +541,7 @@ class PoolMachine:
             free_top = free_top - out["used"]
             free, pc = lax.cond(block_in(block, self.releasers), release, lambda free, pc, *_: (free, pc),
                                 FreeLanes(state.free.lanes, free_top), pc, out["freed"])
-            src, example = out["spawn_rows"][:, col["parent"]], out["spawn_rows"][:, col["example"]]
+            src, example = column(out["spawn_rows"], col["parent"]), column(out["spawn_rows"], col["example"])
             for f, term in self.forks.items():
                 regs = lax.cond(block == f, self._spawn_params(term, consts, inv, kid, src, example),
                                 lambda r: r, regs)
@@ -551,7 +551,7 @@ class PoolMachine:
             # Only blocks that can end a child's lane wake parents: the rest skip this (several kernels).
             lane, claim, queues, pc = lax.cond(block_in(block, self.finishers), finish, lambda *a: a[:4],
                                                lane, state.claim, queues, pc, out["decrement"],
-                                               out["lane"][:, col["depth"]])
+                                               column(out["lane"], col["depth"]))
             new = PoolState(pc=pc, lane=lane, regs=regs, stacks=stacks, pc_stack=pc_stack, queues=queues, free=free,
                             claim=claim, work=work, peak=jnp.maximum(state.peak, M - free.top),
                             steps=state.steps + 1, sched=sched)
