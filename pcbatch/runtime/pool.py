@@ -7,8 +7,10 @@ costs what the lanes it runs need.
 * Each block has a queue of the lanes waiting at it (`queue[block, M]`, a
   ring: `head`, `count`). The scheduler reads `count`; the step takes the
   first `lane_width` lanes off the chosen block's queue and pushes each onto
-  the queue of its next pc (ranks by a prefix sum over the step's rows per
-  possible successor, which the terminator names statically).
+  the queue of its next pc. The branch names each row's queue by its place
+  among the block's successors (which the terminator names statically); after
+  the switch one prefix sum per place ranks the rows, once in the binary
+  instead of once per block.
 * Free lanes are a stack (`free_lanes`, `free_top`). At a Fork, every lane
   that can get one free lane per call (in queue order) pops them, starts its
   children on their functions' entries' queues and blocks (its pc is stored
@@ -79,6 +81,23 @@ def ranks_by(dest: jax.Array, targets: list[int], num_blocks: int) -> tuple[jax.
     return rank, added
 
 
+def ranks_by_slot(slot: jax.Array, successors: jax.Array, num_blocks: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`(dest, rank, added)` for rows that each name one of a block's `successors` by its
+    position (`slot`; `len(successors)` or more: none). One prefix sum down a slot-by-row table
+    after the switch, where a prefix sum per successor in every block's branch compiled to
+    several kernels each."""
+    idx = slot.dtype
+    num = successors.shape[0]
+    here = jnp.arange(num, dtype=idx)[:, None] == slot[None, :]
+    before = jnp.cumsum(here, axis=1, dtype=idx)
+    rank = jnp.sum(jnp.where(here, before - 1, 0), axis=0, dtype=idx)
+    dest = jnp.sum(jnp.where(here, successors[:, None], 0), axis=0, dtype=idx) + jnp.where(slot < num, 0, num_blocks)
+    # Per block, the rows bound for it (no scatter: a few slots by a few blocks).
+    added = jnp.sum(jnp.where(successors[:, None] == jnp.arange(num_blocks, dtype=idx)[None, :],
+                              before[:, -1:], 0), axis=0, dtype=idx)
+    return dest, rank, added
+
+
 def _groups(writers: dict[str, list[int]]) -> list[tuple[list[int], list[str]]]:
     """Names grouped by the blocks that write them: `(blocks, names)`."""
     out: dict[tuple[int, ...], list[str]] = {}
@@ -134,6 +153,17 @@ class PoolMachine:
         self.stack_groups = _groups({s: self.stack_writers[s] for s in self.stacks})
         self.joins = sorted({t.join for t in self.forks.values()}
                             | {t for blk in blocks if isinstance(blk.term, Await) for t in lane_successors(blk.term, [])})
+        # Per block, the queues its step may append to: its successors, a Fork's or Launch's entries.
+        self.successors = []
+        for b, blk in enumerate(blocks):
+            ts = lane_successors(blk.term, self.return_targets)
+            if isinstance(blk.term, Fork):
+                ts = ts + [c.target for c in blk.term.calls]
+            ts = ts + [c.target for c in self.launches.get(b, [])]
+            self.successors.append(sorted(set(ts)))
+        self.num_slots = max(1, max(len(ts) for ts in self.successors))
+        self.successor_table = jnp.asarray([ts + [nb] * (self.num_slots - len(ts)) for ts in self.successors],
+                                           index_dtype())
         self._columns()
 
     # --- state -----------------------------------------------------------
@@ -388,14 +418,13 @@ class PoolMachine:
             decrement = jnp.where(valid & ran.finished, get("parent"), M)
 
             # Queue every lane that waits somewhere next: the rows at their
-            # new pcs, then a Fork's children at their entries.
-            targets = lane_successors(term, self.return_targets)
-            if isinstance(term, Fork):
-                targets = targets + [c.target for c in term.calls]
-            targets = targets + [c.target for c in self.launches.get(b, [])]
+            # new pcs, then a Fork's children at their entries. Each row names its queue by
+            # its place among the block's successors; the step ranks them after the switch.
             dest = jnp.where(valid & (pc >= 0), pc, nb)  # a blocked row (pc < 0) waits on no queue
             dest = jnp.concatenate([pad_rows(dest, N, nb), pad_rows(kid_dest, N * K, nb)])
-            rank, added = ranks_by(dest, targets, nb)
+            slot = jnp.full(dest.shape, self.num_slots, idx)
+            for k, t in enumerate(self.successors[b]):
+                slot = jnp.where(dest == t, k, slot)
 
             for s in self.stacks:
                 changes[f"sp:{s}"] = ran.sps[s]
@@ -421,7 +450,7 @@ class PoolMachine:
                     tree_map(lambda x: pad_rows(x, N * K), launch_params[p][1]))
                 if p in launch_params else (jnp.full((N * K,), M, idx), zeros_of(types[p], (N * K,)))
                 for p in self.launch_params}
-            out.update(dest=dest, rank=rank, added=added, used=used)
+            out.update(slot=slot, used=used)
             return out
 
         return run
@@ -532,7 +561,8 @@ class PoolMachine:
                                 lambda a: a.at[row, ids].set(value, mode="drop"), lambda a: a, state.pc_stack)
             kid = out["spawn_lanes"]
             pc = pc.at[ids].set(out["pc"], mode="drop")
-            queues = enqueue(queues, jnp.concatenate([ids, kid]), out["dest"], out["rank"], out["added"])
+            queues = enqueue(queues, jnp.concatenate([ids, kid]),
+                             *ranks_by_slot(out["slot"], self.successor_table[block], nb))
             # Children spawned (Fork, Launch): their pcs and rows; a launch appends to its parent's
             # child list (the old last child points on). Only spawning blocks pay for it.
             pc, lane = lax.cond(block_in(block, self.spawners), spawn, lambda pc, lane, *_: (pc, lane),

@@ -1,4 +1,5 @@
-"""`pcbatch.runtime.lanes`: the row helpers every machine shares, against plain
+"""`pcbatch.runtime.lanes`: the row helpers every machine shares (and the pool's queue
+ranks, `pool.ranks_by_slot`), against plain
 NumPy on random inputs."""
 import jax
 import jax.numpy as jnp
@@ -7,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pcbatch.runtime.lanes import first_true, gather_rows, pad_rows, scatter_rows, with_columns
+from pcbatch.runtime.pool import ranks_by_slot
 
 
 @settings(max_examples=25)
@@ -42,3 +44,26 @@ def test_gather_scatter_pad_and_first_true():
     mask = jnp.array([False, True, True, False, True])
     np.testing.assert_array_equal(first_true(mask, 4), [1, 2, 4, 5])
     assert jax.tree_util.tree_structure(gather_rows({"a": x}, ids)) == jax.tree_util.tree_structure({"a": x})
+
+
+@settings(max_examples=25)
+@given(st.integers(0, 2**16), st.integers(1, 4), st.integers(1, 40), st.integers(1, 12))
+def test_queue_ranks_by_successor_place_equal_counting_in_python(seed, places, rows, blocks):
+    """The pool's queue bookkeeping (`pool.ranks_by_slot`): each row names one of the
+    block's successors by its place (or none); it gets the successor's block, its rank
+    among the rows going there, and the count per block."""
+    rng = np.random.default_rng(seed)
+    used = sorted(rng.choice(blocks, min(places, blocks), replace=False).tolist())
+    successors = used + [blocks] * (places - len(used))          # padding places name no block
+    slot = rng.integers(0, len(used) + 2, rows).astype(np.int32)  # past the real places: no queue
+    dest, rank, added = ranks_by_slot(jnp.asarray(slot), jnp.asarray(successors, jnp.int32), blocks)
+    want_dest, want_rank, seen = [], [], {}
+    for k in slot:
+        d = used[k] if k < len(used) else blocks
+        want_dest.append(d)
+        want_rank.append(seen.get(d, 0))
+        seen[d] = seen.get(d, 0) + 1
+    np.testing.assert_array_equal(np.asarray(dest), want_dest)
+    queued = np.asarray(want_dest) < blocks  # a row bound nowhere is dropped: its rank is never read
+    np.testing.assert_array_equal(np.asarray(rank)[queued], np.asarray(want_rank)[queued])
+    np.testing.assert_array_equal(np.asarray(added), [seen.get(b, 0) for b in range(blocks)])
