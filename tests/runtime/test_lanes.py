@@ -1,6 +1,5 @@
-"""`pcbatch.runtime.lanes`: the row helpers every machine shares (and the pool's queue
-ranks, `pool.ranks_by_slot`), against plain
-NumPy on random inputs."""
+"""`pcbatch.runtime.lanes`: the row helpers every machine shares, and the pool's
+queue ranks (`pool.ranks_by_slot`), against plain NumPy on random inputs."""
 import jax
 import jax.numpy as jnp
 import numpy as np
