@@ -83,18 +83,30 @@ def ranks_by(dest: jax.Array, targets: list[int], num_blocks: int) -> tuple[jax.
 
 def ranks_by_slot(slot: jax.Array, successors: jax.Array, num_blocks: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`(dest, rank, added)` for rows that each name one of a block's `successors` by its
-    position (`slot`; `len(successors)` or more: none). One prefix sum down a slot-by-row table
-    after the switch, where a prefix sum per successor in every block's branch compiled to
-    several kernels each."""
+    position (`slot`; `len(successors)` or more: none). One prefix sum after the switch, where a
+    prefix sum per successor in every block's branch compiled to several kernels each. The
+    successors' counts share an int32 in bit fields wide enough for every row (a few
+    successors, a few hundred rows: one field each), so the sum runs over one row of words."""
     idx = slot.dtype
-    num = successors.shape[0]
-    here = jnp.arange(num, dtype=idx)[:, None] == slot[None, :]
-    before = jnp.cumsum(here, axis=1, dtype=idx)
-    rank = jnp.sum(jnp.where(here, before - 1, 0), axis=0, dtype=idx)
-    dest = jnp.sum(jnp.where(here, successors[:, None], 0), axis=0, dtype=idx) + jnp.where(slot < num, 0, num_blocks)
+    num, rows = successors.shape[0], slot.shape[0]
+    bits = rows.bit_length()  # a field holds any count up to `rows`
+    per_word = max(1, 31 // bits)
+    words = -(-num // per_word)
+    valid = slot < num
+    place = jnp.minimum(slot, num - 1).astype(jnp.int32)
+    word, shift = place // per_word, (place % per_word) * bits
+    ones = jnp.where((jnp.arange(words, dtype=jnp.int32)[:, None] == word[None, :]) & valid[None, :],
+                     jnp.left_shift(jnp.int32(1), shift)[None, :], 0)
+    before = jnp.cumsum(ones, axis=1, dtype=jnp.int32)
+    mine = jnp.take_along_axis(before, word[None, :], axis=0)[0] if words > 1 else before[0]
+    mask = (1 << bits) - 1
+    rank = jnp.where(valid, (jnp.right_shift(mine, shift) & mask) - 1, 0).astype(idx)
+    dest = jnp.where(valid, successors[place], num_blocks).astype(idx)
+    k = jnp.arange(num, dtype=jnp.int32)
+    per_place = (jnp.right_shift(before[k // per_word, -1], (k % per_word) * bits) & mask).astype(idx)
     # Per block, the rows bound for it (no scatter: a few slots by a few blocks).
     added = jnp.sum(jnp.where(successors[:, None] == jnp.arange(num_blocks, dtype=idx)[None, :],
-                              before[:, -1:], 0), axis=0, dtype=idx)
+                              per_place[:, None], 0), axis=0, dtype=idx)
     return dest, rank, added
 
 
