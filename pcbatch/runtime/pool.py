@@ -68,16 +68,15 @@ tree_map = jax.tree_util.tree_map
 def ranks_by(dest: jax.Array, targets: list[int], num_blocks: int) -> tuple[jax.Array, jax.Array]:
     """Per row, its rank among the rows going to the same block, and how many
     rows go to each block. `dest` holds a block of `targets` or anything else
-    (no queue: those rows get no rank and are counted nowhere). One prefix sum
-    per target: the targets are few and known statically."""
-    idx = dest.dtype
-    rank = jnp.zeros(dest.shape, idx)
-    added = jnp.zeros((num_blocks,), idx)
-    for t in sorted(set(targets)):
-        here = dest == t
-        before = jnp.cumsum(here, dtype=idx)
-        rank = jnp.where(here, before - 1, rank)
-        added = added.at[t].set(before[-1])
+    (no queue: those rows get no rank and are counted nowhere); the targets are
+    few and known statically."""
+    targets = sorted(set(targets))
+    if not targets:
+        return jnp.zeros(dest.shape, dest.dtype), jnp.zeros((num_blocks,), dest.dtype)
+    slot = jnp.full(dest.shape, len(targets), dest.dtype)
+    for k, t in enumerate(targets):
+        slot = jnp.where(dest == t, k, slot)
+    _, rank, added = ranks_by_slot(slot, jnp.asarray(targets, dest.dtype), num_blocks)
     return rank, added
 
 
