@@ -379,12 +379,15 @@ class Autobatched:
 
     def _run_empty(self, bound: Bound) -> tuple[Any, Status]:
         """0 examples: empty results of the shapes and dtypes one example gives (as `jax.vmap`)."""
-        def one(values: dict[str, Any]) -> tuple[Any, Status]:
-            result, status, _, _ = self._run(Bound(values, bound.batched, 1))
+        names = list(bound.values)
+
+        def one(values: list[Any]) -> tuple[Any, Status]:
+            # A list, not a dict: pytrees sort dict keys, and the parameters' order matters.
+            result, status, _, _ = self._run(Bound(dict(zip(names, values)), bound.batched, 1))
             return result, status
 
-        ones = {p: tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((1,) + np.shape(x)[1:], jnp.result_type(x)), v)
-                if bound.batched[p] else v for p, v in bound.values.items()}
+        ones = [tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((1,) + np.shape(x)[1:], jnp.result_type(x)), v)
+                if bound.batched[p] else v for p, v in bound.values.items()]
         shapes = jax.eval_shape(one, ones)
         return tree_util.tree_map(lambda s: jnp.zeros((0,) + s.shape[1:], s.dtype), shapes)
 

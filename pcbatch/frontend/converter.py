@@ -140,6 +140,35 @@ def _source(fn: Callable) -> tuple[ast.FunctionDef, str, list[str]]:
     return fdef, filename, all_lines
 
 
+class _LambdaInliner(ast.NodeTransformer):
+    """Replaces each read of `name` by a copy of `fn`: only as a call's function or argument."""
+
+    def __init__(self, name: str, fn: ast.Lambda, conv: "Converter"):
+        self.name, self.fn, self.conv = name, fn, conv
+
+    def _is_it(self, node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id == self.name and isinstance(node.ctx, ast.Load)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        swap = lambda n: ast.copy_location(copy.deepcopy(self.fn), n) if self._is_it(n) else self.visit(n)  # noqa: E731
+        node.func = swap(node.func)
+        node.args = [swap(a) for a in node.args]
+        node.keywords = [ast.copy_location(ast.keyword(k.arg, swap(k.value)), k) for k in node.keywords]
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if self._is_it(node):
+            raise self.conv.unsupported(node, f"`{self.name}` holds a lambda: it can be called or passed to a "
+                                              "call, not used as a value", "call it, e.g. `y = f(x)`.")
+        return node
+
+    def visit_Lambda(self, node: ast.Lambda) -> ast.AST:
+        a = node.args
+        if self.name in {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs}:
+            return node  # its own parameter of that name
+        return self.generic_visit(node)
+
+
 class Converter:
     """Builds one `Function` from a Python function."""
 
@@ -150,6 +179,7 @@ class Converter:
         self.compiler = OpCompiler(fn, self.filename)
         self.compiler.closure.update(constants or {})
         self.params = tuple(p for p in self._params() if p not in (constants or {}))
+        self._inline_named_lambdas()
         self.locals = set(self.params) | _assigned_names(self.fdef.body)
         self.temp_prefix = "_t"
         while any(v.startswith(self.temp_prefix) for v in self.locals):
@@ -209,6 +239,15 @@ class Converter:
     def assign(self, target: str, value: ast.expr, node: ast.AST) -> None:
         stmt = ast.copy_location(ast.Assign([ast.Name(target, ast.Store())], value), node)
         self.emit_stmt(stmt, (target,), ast.unparse(value))
+
+    def snapshot(self, expr: ast.expr) -> str:
+        """`expr`'s value now, in a variable that later assignments do not change."""
+        name = self.atom(expr)
+        if name.startswith(self.temp_prefix):
+            return name
+        t = self.temp()
+        self.assign(t, ast.Name(name, ast.Load()), expr)
+        return t
 
     def atom(self, expr: ast.expr) -> str:
         """Evaluate `expr` into a variable and return its name."""
@@ -340,6 +379,37 @@ class Converter:
         return Function(self.name, self.params, simplify(blocks), self.loc(self.fdef),
                         tuple(self.loc(node[p]) for p in self.params))
 
+    def _inline_named_lambdas(self) -> None:
+        """`sq = lambda v: v * v` is a name for code, not a per-example value: each call
+        `sq(x)` (or `tree_map(sq, t)`) becomes the lambda itself, which reads the
+        variables it uses when it is called, as Python's does. Only for a lambda
+        assigned once, by a statement of the function's own body, and used after it."""
+        body = self.fdef.body
+        stores: dict[str, int] = {}
+        for n in ast.walk(self.fdef):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                stores[n.id] = stores.get(n.id, 0) + 1
+        for i, stmt in enumerate(body):
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                    and isinstance(stmt.value, ast.Lambda)):
+                continue
+            name, fn = stmt.targets[0].id, stmt.value
+            if stores.get(name) != 1 or name in self.params or name in _free_loads(fn):
+                raise self.unsupported(stmt, f"a lambda assigned to `{name}` is supported only when `{name}` is "
+                                             "assigned once and the lambda does not call itself",
+                                       "define a module-level function (decorate it with @pcbatch.autobatch if "
+                                       "it recurses).")
+            if any(isinstance(n, (ast.IfExp, ast.BoolOp)) for n in ast.walk(fn)):
+                raise self.unsupported(fn, "a lambda with control flow is not supported",
+                                       "define a module-level function, or use jnp.where.")
+            _LambdaInliner(name, fn, self).visit(ast.Module(body[i + 1:], []))
+            body[i] = ast.copy_location(ast.Pass(), stmt)
+        for n in ast.walk(self.fdef):
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda):
+                raise self.unsupported(n, "a lambda assigned to a variable is supported only by a statement of "
+                                          "the function's own body (not inside `if`, loops or tuples)",
+                                       "assign it at the top of the function, or define a module-level function.")
+
     def _params(self) -> tuple[str, ...]:
         a = self.fdef.args
         if a.vararg or a.kwarg:
@@ -464,8 +534,11 @@ class Converter:
         if sign == 0:
             raise self.unsupported(node, "range() step must not be zero",
                                    "use a positive step to count up or a negative one to count down.")
-        counter, stop_v, step_v = self.temp(), self.atom(stop), self.atom(step)
+        # Python evaluates the bounds once, in order: reassigning `n` in `for i in range(n)`
+        # changes no trip count (copies that nothing reassigns are coalesced away later).
+        counter = self.temp()
         self.assign(counter, self.flatten(start), node)
+        stop_v, step_v = self.snapshot(stop), self.snapshot(step)
         header = self.new_block("for.header", self.loc(node))
         body = self.new_block("for.body", self.loc(node.body[0]))
         latch = self.new_block("for.next", self.loc(node))
@@ -488,7 +561,12 @@ class Converter:
         self.assign(node.target.id, ast.Name(counter, ast.Load()), node)
         self.loop_body(body, latch, exit_, node.body)
         self.cur = latch
-        self.assign(counter, ast.BinOp(ast.Name(counter, ast.Load()), ast.Add(), ast.Name(step_v, ast.Load())), node)
+        # Python's counter never wraps: a step past the int range ends the loop (it lands on the stop).
+        nxt = f"{counter} + {step_v}"
+        wrapped = {1: f"{nxt} < {counter}", -1: f"{nxt} > {counter}"}.get(
+            sign, f"_pcbatch_jnp.where({step_v} > 0, {nxt} < {counter}, {nxt} > {counter})")
+        advance = ast.parse(f"_pcbatch_jnp.where({wrapped}, {stop_v}, {nxt})", mode="eval").body
+        self.assign(counter, ast.copy_location(advance, node), node)
         self.terminate(Jump(header))
         self.cur = exit_
 

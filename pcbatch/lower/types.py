@@ -34,6 +34,17 @@ def _mismatch(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None) ->
     return TypeMismatchError(var, first, a_loc, second, b_loc)
 
 
+def _promotable(t: Any) -> Any:
+    """What `jnp.result_type` promotes as `t` would be: a weakly typed value (a
+    Python number: `acc = 0`) as its Python type, so that `acc = acc + x` with `x`
+    int8 stays int8, as in Python (`result_type` reads no weak type off a
+    ShapeDtypeStruct)."""
+    if not getattr(t, "weak_type", False):
+        return t.dtype
+    kind = jnp.dtype(t.dtype).kind
+    return {"i": int, "u": int, "f": float, "c": complex}.get(kind, t.dtype)
+
+
 def join(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None) -> Any:
     la, ta = jax.tree_util.tree_flatten(a)
     lb, tb = jax.tree_util.tree_flatten(b)
@@ -42,7 +53,7 @@ def join(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None) -> Any:
     out = []
     for x, y in zip(la, lb):
         try:
-            dtype = jnp.result_type(x, y)
+            dtype = jnp.result_type(_promotable(x), _promotable(y))
         except TypeError as e:
             raise _mismatch(var, a, a_loc, b, b_loc) from e
         weak = getattr(x, "weak_type", False) and getattr(y, "weak_type", False)

@@ -1,0 +1,153 @@
+"""Programs a new user wrote that pcbatch got wrong (found by trying ~150 of them, stop 37),
+each compared with the original Python run one example at a time."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pcbatch
+
+
+def same(got, want):
+    """Equal values and dtypes, leaf by leaf (the reference returns per-example Python results stacked)."""
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert g.dtype == w.dtype, (g.dtype, w.dtype)
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+# --- `range(...)` is evaluated once, and its counter never wraps --------------
+
+def shrinking_stop(n):
+    c = 0
+    for i in range(n):
+        n = n - 1  # Python's range already holds the old n
+        c = c + 1
+    return c, n
+
+
+def growing_step(n, k):
+    c = 0
+    for i in range(0, n, k):
+        k = k + 1
+        c = c + i
+    return c
+
+
+@pytest.mark.parametrize("fork", [False, True])
+def test_range_bounds_are_read_once(fork):
+    n = jnp.array([4, 7, 0, 1])
+    f = pcbatch.autobatch(shrinking_stop, fork=fork)
+    same(f(n), f.reference(n))
+    assert np.asarray(f(n)[0]).tolist() == [4, 7, 0, 1]
+    g = pcbatch.autobatch(growing_step, fork=fork)
+    k = jnp.array([1, 2, -1, 3])
+    same(jax.jit(g)(jnp.array([10, 10, 3, 2]), k), g.reference(jnp.array([10, 10, 3, 2]), k))
+
+
+@pcbatch.autobatch(max_steps=2000)
+def range_trips(start, stop, step):
+    c = 0
+    for i in range(start, stop, step):
+        c = c + 1
+    return c
+
+
+@pcbatch.autobatch(max_steps=2000)
+def range_trips_up(stop):
+    c = 0
+    for i in range(0, stop, 2**30):
+        c = c + 1
+    return c
+
+
+def test_range_counter_near_the_int32_limits_does_not_wrap():
+    top, bottom = 2**31 - 1, -2**31
+    start = jnp.array([0, -5, 5, 0, top - 1, bottom + 1])
+    stop = jnp.array([top, bottom, top, 10, top, bottom])
+    step = jnp.array([2**30, -2**30, top, 3, 5, -7])
+    want = [len(range(a, b, s)) for a, b, s in zip(start.tolist(), stop.tolist(), step.tolist())]
+    assert np.asarray(range_trips(start, stop, step)).tolist() == want
+    assert np.asarray(range_trips_up(jnp.array([top, 10, 2**30 + 1]))).tolist() == [2, 1, 2]
+
+
+# --- Python numbers are weakly typed: `s = 0` joins an int8 `x` as int8 ---------
+
+def accumulate(x, n):
+    s = 0
+    for i in range(n):
+        s = s + x
+    return s
+
+
+def accumulate_float(x, n):
+    s = 0.0
+    for i in range(n):
+        s = s + x
+    return s
+
+
+@pytest.mark.parametrize("fn, dtype", [(accumulate, jnp.int8), (accumulate, jnp.uint8), (accumulate, jnp.float16),
+                                       (accumulate_float, jnp.float16), (accumulate_float, jnp.bfloat16),
+                                       (accumulate_float, jnp.int8), (accumulate, jnp.int32)])
+def test_python_numbers_join_as_weak_types(fn, dtype):
+    f = pcbatch.autobatch(fn)
+    x, n = jnp.array([100, 3, 7], dtype), jnp.array([3, 7, 0])
+    got = f(x, n)
+    same(got, f.reference(x, n))
+    assert got.dtype == (jnp.float32 if (fn is accumulate_float and dtype == jnp.int8) else dtype)
+
+
+# --- a batch of 0 with a shared argument before a batched one ----------------
+
+@pcbatch.autobatch(in_axes=(None, 0))
+def scale_unless_done(p, n):
+    if n <= 0:
+        return p["w"]
+    return p["w"] * 2
+
+
+def test_empty_batch_binds_parameters_in_order():
+    empty = jnp.zeros((0,), jnp.int32)
+    for call in (scale_unless_done, jax.jit(scale_unless_done)):
+        out = call({"w": jnp.float32(0.7)}, empty)
+        assert out.shape == (0,) and out.dtype == jnp.float32
+    one = scale_unless_done({"w": jnp.float32(0.7)}, jnp.ones((1,), jnp.int32))
+    assert one.dtype == jnp.float32
+
+
+# --- a lambda assigned to a name ------------------------------------------------
+
+@pcbatch.autobatch
+def named_lambdas(x, n):
+    a = 1
+    add_a = lambda v: v + a  # noqa: E731 -- what the user wrote
+    s = 0
+    for i in range(n):
+        a = a + 1  # the lambda reads `a` when called, as Python's does
+        s = s + add_a(x)
+    pair = jax.tree_util.tree_map(add_a, (x, 2 * x))
+    return s, pair
+
+
+def test_lambda_assigned_to_a_name_is_called_like_python():
+    x, n = jnp.array([2, 3, -1]), jnp.array([3, 1, 0])
+    same(named_lambdas(x, n), named_lambdas.reference(x, n))
+
+
+def lambda_as_value(x):
+    f = lambda v: v  # noqa: E731
+    return f
+
+
+def lambda_per_branch(x):
+    if x > 0:
+        f = lambda v: v  # noqa: E731
+    else:
+        f = lambda v: -v  # noqa: E731
+    return f(x)
+
+
+@pytest.mark.parametrize("fn, says", [(lambda_as_value, "holds a lambda"), (lambda_per_branch, "own body")])
+def test_lambdas_pcbatch_cannot_honour_are_named_errors(fn, says):
+    with pytest.raises(pcbatch.UnsupportedSyntaxError, match=says):
+        pcbatch.autobatch(fn)(jnp.array([1, 2]))
