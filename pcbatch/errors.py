@@ -23,6 +23,12 @@ class PcbatchError(Exception):
     """Base class of every pcbatch error."""
 
 
+class MaybeUnboundWarning(UserWarning):
+    """A variable may be read before any assignment on some path through the
+    function: where an example takes that path, Python raises UnboundLocalError
+    and pcbatch's value is unspecified (no check runs in the machine)."""
+
+
 class UnsupportedSyntaxError(PcbatchError):
     """The function uses Python that pcbatch cannot batch.
 

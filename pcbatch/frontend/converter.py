@@ -12,13 +12,15 @@ import copy
 import inspect
 import linecache
 import textwrap
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from pcbatch.errors import Loc, UnsupportedSyntaxError
+from pcbatch.errors import Loc, MaybeUnboundWarning, UnsupportedSyntaxError
 from pcbatch.frontend.compile_ops import BoolRewriter, OpCompiler
 from pcbatch.ir.cfg import simplify
 from pcbatch.ir.core import Block, Branch, Call, Function, Jump, Op, Prim, Return
+from pcbatch.ir.dataflow import maybe_unbound
 
 # resolve(obj) -> (IR name, signature) when obj is an autobatched function.
 Resolver = Callable[[Any], Optional[tuple[str, inspect.Signature]]]
@@ -373,10 +375,18 @@ class Converter:
         self.statements(body)
         if self.cur is not None:  # falling off the end returns None
             self.visit_Return(ast.copy_location(ast.Return(None), self.fdef.body[-1]))
-        blocks = tuple(Block(b.label, tuple(b.ops), b.term, b.loc) for b in self.blocks)
+        blocks = simplify(tuple(Block(b.label, tuple(b.ops), b.term, b.loc) for b in self.blocks))
+        for var, loc in maybe_unbound(blocks, self.params):
+            if not var.startswith(self.temp_prefix):
+                warnings.warn_explicit(
+                    f"`{var}` may be read before it is assigned (on some path through `{self.name}` no "
+                    f"assignment reaches this line): where an example takes that path, Python raises "
+                    f"UnboundLocalError and pcbatch's value is unspecified. Assign `{var}` on every path "
+                    f"before this line (e.g. before the `if` or loop).", MaybeUnboundWarning,
+                    loc.filename, loc.lineno)
         a = self.fdef.args
         node = {p.arg: p for p in a.posonlyargs + a.args + a.kwonlyargs}
-        return Function(self.name, self.params, simplify(blocks), self.loc(self.fdef),
+        return Function(self.name, self.params, blocks, self.loc(self.fdef),
                         tuple(self.loc(node[p]) for p in self.params))
 
     def _inline_named_lambdas(self) -> None:

@@ -1,5 +1,8 @@
 """Programs a new user wrote that pcbatch got wrong (found by trying ~150 of them, stop 37),
 each compared with the original Python run one example at a time."""
+import linecache
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -151,3 +154,49 @@ def lambda_per_branch(x):
 def test_lambdas_pcbatch_cannot_honour_are_named_errors(fn, says):
     with pytest.raises(pcbatch.UnsupportedSyntaxError, match=says):
         pcbatch.autobatch(fn)(jnp.array([1, 2]))
+
+
+# --- a read that some path reaches before any assignment ------------------------
+
+def unbound_on_one_branch(x):
+    if x > 0:
+        y = x * 2
+    return y
+
+
+def unbound_after_zero_trips(n):
+    for i in range(n):
+        v = i * 10
+    return v
+
+
+def assigned_on_every_path(x, n):
+    y = 0
+    while n > 0:
+        y = y + x
+        n = n - 1
+    t = x if n > 0 else -x
+    both = (x > 0) and (n < 3)
+    if x > 1:
+        z = 1
+    else:
+        z = 2
+    return y + t + both + z
+
+
+@pytest.mark.parametrize("fn, var, line_text", [(unbound_on_one_branch, "y", "return y"),
+                                                (unbound_after_zero_trips, "v", "return v")])
+def test_read_before_any_assignment_warns_at_the_line(fn, var, line_text):
+    """Python raises UnboundLocalError only where an example takes the path; pcbatch
+    cannot, so it says so when it compiles the function (not silently)."""
+    with pytest.warns(pcbatch.MaybeUnboundWarning, match=f"`{var}` may be read before it is assigned") as rec:
+        pcbatch.autobatch(fn)(jnp.array([1, 2]))
+    assert any(line_text in linecache.getline(w.filename, w.lineno) for w in rec)
+
+
+def test_no_warning_where_every_path_assigns():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f = pcbatch.autobatch(assigned_on_every_path)
+        x, n = jnp.array([1, 2, -1]), jnp.array([3, 0, 2])
+        same(f(x, n), f.reference(x, n))
