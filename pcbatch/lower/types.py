@@ -66,10 +66,14 @@ def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
         return jax.eval_shape(op.fn, *in_types)
     except Exception as e:
         where = f" at {op.loc}" if op.loc else ""
-        e.add_note(f"pcbatch: while tracing `{op.text}`{where} (per-example input types: "
-                   f"{', '.join(format_type(t) for t in in_types) or 'none'}). Code outside the "
-                   "autobatched function's own body is traced as plain JAX: data-dependent Python "
-                   "`if`/`while` there needs jnp.where/lax.cond, or @pcbatch.autobatch on the helper.")
+        note = (f"pcbatch: while tracing `{op.text}`{where} (per-example input types: "
+                f"{', '.join(format_type(t) for t in in_types) or 'none'}).")
+        if isinstance(e, (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)):
+            note += (" Every variable of an autobatched function is a traced per-example value: Python's "
+                     "`max`, `min`, `int`, `float`, `bool` need a concrete one (write jnp.maximum, "
+                     "jnp.minimum, x.astype(...)); a data-dependent `if`/`while` in a helper called here "
+                     "needs jnp.where/lax.cond, or @pcbatch.autobatch on the helper.")
+        e.add_note(note)
         raise
 
 

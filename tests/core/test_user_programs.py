@@ -200,3 +200,15 @@ def test_no_warning_where_every_path_assigns():
         f = pcbatch.autobatch(assigned_on_every_path)
         x, n = jnp.array([1, 2, -1]), jnp.array([3, 0, 2])
         same(f(x, n), f.reference(x, n))
+
+
+def builtin_max(a, b):
+    c = max(a, b)
+    return c
+
+
+def test_python_builtins_on_traced_values_say_what_to_write():
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        pcbatch.autobatch(builtin_max)(jnp.array([1, 2]), jnp.array([3, 0]))
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "max(a, b)" in notes and "jnp.maximum" in notes
