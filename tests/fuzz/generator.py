@@ -4,7 +4,8 @@
 or two `@pcbatch.autobatch` functions, plus a batch of inputs for its entry
 function `f0`.  The programs use integer (and some float) arithmetic on a few
 variables, nested `if/elif/else`, `while` loops, `for i in range(a, b, s)` with
-data-dependent bounds and steps (negative steps and zero trips included),
+data-dependent bounds and steps (negative steps and zero trips included; a stop or
+step held in a variable that the body may reassign),
 `break`, `continue`, `pass`, early returns (inside loops too), conditional
 expressions, `and`/`or`/`not` (on booleans and, for their value, on ints),
 chained comparisons, augmented assignment, tuple unpacking and tuple returns,
@@ -498,6 +499,18 @@ class _Builder:
         else:
             step_t, smag = f"{self.int_expr(ctx, 1)} % 2 * 2 - 1", 1
         trips = max(hi_max - lo_min, lo_max - hi_min, 0) // smag + 1
+        # Sometimes the stop (or the step) is a variable the body may reassign: Python reads
+        # range's bounds once. Picked from the text so far, not drawn: a new draw would change
+        # every program the fixed seeds give.
+        pick = zlib.crc32("\n".join(self.lines).encode()) % 6
+        if pick < 2 and self.me.n_locals > 0:
+            held = f"v{pick % self.me.n_locals}"
+            if pick == 0 or nargs < 3:
+                self.lines.append("    " * (ctx.nest + 1) + f"{held} = {hi_t}")
+                hi_t = held
+            else:
+                self.lines.append("    " * (ctx.nest + 1) + f"{held} = {step_t}")
+                step_t = held
         args = {1: hi_t, 2: f"{lo_t}, {hi_t}", 3: f"{lo_t}, {hi_t}, {step_t}"}[nargs]
         self.emit(ctx, f"for {var} in range({args}):")
         inner = _Ctx(ctx.loop_depth + 1, ctx.mult * trips, ctx.guarded, ctx.nest + 1)
