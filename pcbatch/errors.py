@@ -50,10 +50,15 @@ class TypeMismatchError(PcbatchError):
     """A variable gets different shapes, tree structures or incompatible dtypes
     on different paths."""
 
-    def __init__(self, var: str, first: str, first_loc: Loc | None, second: str, second_loc: Loc | None):
+    def __init__(self, var: str, first: str, first_loc: Loc | None, second: str, second_loc: Loc | None,
+                 also: tuple[str, ...] = ()):
         self.var = var
         fn, _, local = var.rpartition(".")
         what = f"the return value of `{fn}`" if local == "<ret>" else f"variable `{var}`"
+        # Variables copied into this one and merged with it: the user wrote these names.
+        named = [v.rpartition(".")[2] for v in also if not v.rpartition(".")[2].startswith("_")]
+        if named:
+            what = f"variable {', '.join(f'`{v}`' for v in named)} ({what})"
         where1 = f"\n{first_loc.quote()}" if first_loc else ""
         where2 = f"\n{second_loc.quote()}" if second_loc else ""
         super().__init__(

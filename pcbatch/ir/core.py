@@ -272,6 +272,7 @@ class StackProgram:
     stack_depth: int | None = None
     param_locs: Mapping[str, Loc] = field(default_factory=dict, compare=False)  # every function's parameters
     notes: tuple[str, ...] = field(default=(), compare=False)  # the frontend's (`Program.notes`)
+    merged: Mapping[str, tuple[str, ...]] = field(default_factory=dict, compare=False)  # slot -> the copies it took over
 
     @property
     def num_blocks(self) -> int:

@@ -26,7 +26,8 @@ def _live_after_ops(block: Block, live_out: set[str]) -> list[set[str]]:
 
 
 def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out: list[set[str]], keep: set[str],
-                    call_rets: dict[int, str], params: frozenset[str] = frozenset()) -> tuple[Block, ...]:
+                    call_rets: dict[int, str], params: frozenset[str] = frozenset()
+                    ) -> tuple[tuple[Block, ...], dict[str, str]]:
     """Rename u to v for each copy `v = u` where u and v never hold different
     values while both are live: no op writes one while the other is live
     after it (the copy itself aside). Variables in `keep` are never renamed
@@ -38,7 +39,8 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
     A call to g writes `g.<ret>` (`call_rets`) on the edge to its
     continuation, where no op shows it: the other of u, v live across that
     call is a clash too (`return r` with r kept across a self call would
-    otherwise make r the return slot the callee overwrites)."""
+    otherwise make r the return slot the callee overwrites). Returns the
+    blocks and the renames (`u -> v`), which error messages read."""
     uses: dict[str, int] = {}
     for b in blocks:
         for op in b.ops:
@@ -74,7 +76,7 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
                 if not single:  # its interference with other sources of v is not checked: v takes no more
                     exclusive.add(v)
     if not renames:
-        return blocks
+        return blocks, renames
 
     def name(x: str) -> str:
         return renames.get(x, x)
@@ -107,4 +109,4 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
             term = replace(term, calls=tuple(replace(c, params=tuple(map(name, c.params)), args=tuple(map(name, c.args)))
                                              for c in term.calls))
         out.append(replace(b, ops=tuple(ops), term=term))
-    return tuple(out)
+    return tuple(out), renames

@@ -62,7 +62,10 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     live_in = liveness(blocks, succ, at_exit, call_sites(blocks, block_function, params_of), rets)
     outs = [live_out(i, live_in, succ, at_exit, blocks, rets) for i in range(len(blocks))]
     all_params = frozenset(p for ps in params_of.values() for p in ps)
-    blocks = coalesce_copies(blocks, live_in, outs, keep_names, rets, all_params)
+    blocks, renames = coalesce_copies(blocks, live_in, outs, keep_names, rets, all_params)
+    merged: dict[str, tuple[str, ...]] = {}
+    for u, v in renames.items():
+        merged[v] = merged.get(v, ()) + (u,)
     sites = call_sites(blocks, block_function, params_of)
     blocks = insert_saves(blocks, block_function, liveness(blocks, succ, at_exit, sites, rets), params_of)
     blocks = tuple(eliminate_pop_push(b) for b in blocks)
@@ -80,7 +83,8 @@ def lower(program: Program, shared_inputs: tuple[bool, ...]) -> StackProgram:
     param_locs = {qualify(f.name, p): loc for f in program.functions for p, loc in zip(f.params, f.param_locs)
                   if loc is not None}
     prog = StackProgram(blocks, entry_block, entry_params, result, prelude, classes, {}, block_function,
-                        stack_conflicts(blocks), crossing=crossing, param_locs=param_locs, notes=program.notes)
+                        stack_conflicts(blocks), crossing=crossing, param_locs=param_locs, notes=program.notes,
+                        merged=merged)
     verify_stack_program(prog)
     return prog
 

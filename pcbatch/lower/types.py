@@ -25,13 +25,14 @@ def type_key(t: Any) -> tuple:
     return treedef, tuple((l.shape, l.dtype, getattr(l, "weak_type", False)) for l in leaves)
 
 
-def _mismatch(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None) -> TypeMismatchError:
+def _mismatch(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None,
+              also: tuple[str, ...] = ()) -> TypeMismatchError:
     first, second = format_type(a), format_type(b)
     if first == second:  # e.g. two classes of one name: name them fully
         first, second = format_type(a, qualified=True), format_type(b, qualified=True)
     if first == second:
         second += " (a different tree structure that prints the same)"
-    return TypeMismatchError(var, first, a_loc, second, b_loc)
+    return TypeMismatchError(var, first, a_loc, second, b_loc, also)
 
 
 def _promotable(t: Any) -> Any:
@@ -45,17 +46,18 @@ def _promotable(t: Any) -> Any:
     return {"i": int, "u": int, "f": float, "c": complex}.get(kind, t.dtype)
 
 
-def join(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None) -> Any:
+def join(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None, also: tuple[str, ...] = ()) -> Any:
+    """`also`: the variables merged into `var` (copy coalescing), which an error names."""
     la, ta = jax.tree_util.tree_flatten(a)
     lb, tb = jax.tree_util.tree_flatten(b)
     if ta != tb or any(x.shape != y.shape for x, y in zip(la, lb)):
-        raise _mismatch(var, a, a_loc, b, b_loc)
+        raise _mismatch(var, a, a_loc, b, b_loc, also)
     out = []
     for x, y in zip(la, lb):
         try:
             dtype = jnp.result_type(_promotable(x), _promotable(y))
         except TypeError as e:
-            raise _mismatch(var, a, a_loc, b, b_loc) from e
+            raise _mismatch(var, a, a_loc, b, b_loc, also) from e
         weak = getattr(x, "weak_type", False) and getattr(y, "weak_type", False)
         out.append(jax.ShapeDtypeStruct(x.shape, dtype, weak_type=weak))
     return jax.tree_util.tree_unflatten(ta, out)
@@ -97,7 +99,7 @@ def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, An
         if var not in types:
             types[var], origin[var] = t, loc
             return True
-        joined = join(var, types[var], origin[var], t, loc)
+        joined = join(var, types[var], origin[var], t, loc, prog.merged.get(var, ()))
         if type_key(joined) != type_key(types[var]):
             types[var] = joined
             return True

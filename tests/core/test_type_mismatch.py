@@ -144,3 +144,20 @@ def test_a_parameter_side_names_the_parameter_line(f, var):
     assert str(info.value) == (
         f"variable `{f.fn.__name__}.{var}` has type f32[] here:\n{quote('# PARAM', f)}\n"
         f"but type {second} here:\n{quote('# SECOND', f)}\n{HINT}")
+
+
+def reshaped_then_returned(v):
+    t = v * 2  # T_FIRST
+    t = t.sum()  # T_SECOND
+    return t
+
+
+def test_a_variable_merged_into_the_return_slot_is_named():
+    """`t` is copied into the return value and merged with it (copy coalescing): the
+    error names `t` as well as the return value, at both of t's lines."""
+    with pytest.raises(TypeMismatchError) as info:
+        pcbatch.autobatch(reshaped_then_returned)(jnp.ones((2, 3)))
+    text = str(info.value)
+    assert text.startswith("variable `t` (the return value of `reshaped_then_returned`) has type f32[3] here:")
+    assert line_of("# T_FIRST", reshaped_then_returned)[1] in text
+    assert line_of("# T_SECOND", reshaped_then_returned)[1] in text
