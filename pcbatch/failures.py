@@ -61,7 +61,7 @@ def raise_for(status: Status, prog: StackProgram | None, bound: Bound, options: 
 def depths_needed(prog: StackProgram, bound: Bound, overflow: list[int], max_stack_depth: int) -> dict[int, str]:
     """How deep a few overflowing examples recurse, from a bounded replay in
     the reference interpreter (seconds at most; the error must come fast)."""
-    limit = 8 * max_stack_depth
+    limit = max(8 * max_stack_depth, 1024)  # a small max_stack_depth says little of what is needed
     deadline = time.monotonic() + REPLAY_SECONDS
     needed = {}
     # Multi-process (pcbatch/sharding.py): this process may not hold the example, so no replay.

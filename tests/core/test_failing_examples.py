@@ -60,4 +60,8 @@ def test_stack_overflow_is_flagged_alone_and_raised_fast(fork):
     assert info.value.examples == [1, 3]
     assert info.value.needed[1] == "max_stack_depth=51"
     # The replay that explains the error is bounded (it used to run for a minute).
-    assert info.value.needed[3] == "more than 64 (runaway recursion?)"
+    assert info.value.needed[3] == "more than 1024 (runaway recursion?)"
+    # A small max_stack_depth still finds what a deeper example needs (101 frames against 4).
+    with pytest.raises(pcbatch.StackOverflowError) as info:
+        f.with_options(max_stack_depth=4)(jnp.asarray([1, 100]))
+    assert info.value.needed[1] == "max_stack_depth=101"
