@@ -81,14 +81,14 @@ def depths_needed(prog: StackProgram, bound: Bound, overflow: list[int], max_sta
 
 def check_in_trace(result: Any, status: Status) -> Any:
     """Inside jit we cannot raise: report through checkify (debug checks are
-    functionalized by `checkify.checkify`) and poison failed examples' floats."""
+    functionalized by `checkify.checkify`), poison failed examples' floats
+    with NaN and set their other results to 0 (never a half-computed value)."""
     checkify.check(~jnp.any(status.overflow), "pcbatch: recursion deeper than max_stack_depth", debug=True)
     checkify.check(~jnp.any(status.unfinished), "pcbatch: max_steps exceeded", debug=True)
     failed = status.overflow | status.unfinished
 
     def poison(x):
-        if not jnp.issubdtype(x.dtype, jnp.inexact):
-            return x
-        return jnp.where(failed.reshape((-1,) + (1,) * (x.ndim - 1)), jnp.nan, x)
+        bad = jnp.nan if jnp.issubdtype(x.dtype, jnp.inexact) else 0
+        return jnp.where(failed.reshape((-1,) + (1,) * (x.ndim - 1)), jnp.asarray(bad, x.dtype), x)
 
     return tree_util.tree_map(poison, result)

@@ -65,3 +65,20 @@ def test_stack_overflow_is_flagged_alone_and_raised_fast(fork):
     with pytest.raises(pcbatch.StackOverflowError) as info:
         f.with_options(max_stack_depth=4)(jnp.asarray([1, 100]))
     assert info.value.needed[1] == "max_stack_depth=101"
+
+
+def runaway_count(n):
+    """Counts down n; n < 0 never stops."""
+    c = 0
+    while n != 0:
+        n = n - 1
+        c = c + 1
+    return c, n > 5
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["plain", "fork"])
+def test_int_and_bool_results_of_a_failed_example_are_zero_under_jit(fork):
+    f = pcbatch.autobatch(runaway_count, max_steps=60, fork=fork)
+    count, big = jax.jit(f)(jnp.asarray([3, -1, 9]))
+    np.testing.assert_array_equal(np.asarray(count), [3, 0, 9])
+    np.testing.assert_array_equal(np.asarray(big), [False, False, False])
