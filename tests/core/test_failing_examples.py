@@ -67,18 +67,21 @@ def test_stack_overflow_is_flagged_alone_and_raised_fast(fork):
     assert info.value.needed[1] == "max_stack_depth=101"
 
 
-def runaway_count(n):
-    """Counts down n; n < 0 never stops."""
-    c = 0
-    while n != 0:
-        n = n - 1
-        c = c + 1
-    return c, n > 5
+def runaway_after_calls(n):
+    """(98 + n - 1, n > 5); n == 7 loops forever after its calls returned (their value is
+    in the return slot when the machine stops)."""
+    if n <= 1:
+        return 98, False
+    x, _ = runaway_after_calls(n - 1)
+    x = x + 1
+    while n == 7:
+        x = x + 1
+    return x, n > 5
 
 
 @pytest.mark.parametrize("fork", [False, True], ids=["plain", "fork"])
 def test_int_and_bool_results_of_a_failed_example_are_zero_under_jit(fork):
-    f = pcbatch.autobatch(runaway_count, max_steps=60, fork=fork)
-    count, big = jax.jit(f)(jnp.asarray([3, -1, 9]))
-    np.testing.assert_array_equal(np.asarray(count), [3, 0, 9])
-    np.testing.assert_array_equal(np.asarray(big), [False, False, False])
+    f = pcbatch.autobatch(runaway_after_calls, max_steps=80, fork=fork)
+    count, big = jax.jit(f)(jnp.asarray([3, 7, 6]))
+    np.testing.assert_array_equal(np.asarray(count), [100, 0, 103])
+    np.testing.assert_array_equal(np.asarray(big), [False, False, True])
