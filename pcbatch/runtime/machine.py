@@ -151,7 +151,7 @@ class Machine:
             pc=pc,
             regs=regs,
             stacks=dict(workspace["stacks"]),
-            sps={s: jnp.zeros((L,), idx) for s in self.stacks},
+            sps={s: jnp.zeros((L,), idx) for s in self.layout.shared(self.stacks)},
             pc_stack=workspace["pc_stack"] if calls else None,
             # slot 0 belongs to the bottom frame and is never read
             pc_sp=jnp.ones((L,), idx) if calls else None,
@@ -193,7 +193,7 @@ class Machine:
             # Ops that update a large register under the lane mask themselves.
             prims = {k: functools.partial(_masked_prim, fn, active, types) for k, fn in masked_ops.items()}
             # `stacks` holds each stack's top per lane (gathered before the switch), not the stack.
-            rows = Rows(active, lane_state["sps"], lane_state.get("pc_sp"), stacks.get(PC), False)
+            rows = Rows(active, self.layout.pointers(lane_state["sps"]), lane_state.get("pc_sp"), stacks.get(PC), False)
             ran = execute(block, self.stack_of, self.stacks, types, load, stacks.__getitem__, None, rows,
                           self.codes, D, L, prims)
             writes = dict(ran.stack_writes)
@@ -202,7 +202,7 @@ class Machine:
             for v, x in ran.env.items():
                 if v in regs:
                     regs[v] = x if v in clean else select_where(active, x, regs[v])
-            lane_state.update(pc=jnp.where(active, ran.pc, lane_state["pc"]), regs=regs, sps=ran.sps)
+            lane_state.update(pc=jnp.where(active, ran.pc, lane_state["pc"]), regs=regs, sps=self.layout.shared(ran.sps))
             if prog.has_calls:
                 lane_state["pc_sp"] = ran.pc_sp
             return lane_state, writes
@@ -236,9 +236,12 @@ class Machine:
         reads.update(v for v in term_reads(block.term) if v in stored)
         return sorted(reads | writes), sorted(writes), sorted(popped), sorted(pushed)
 
-    def block_cond(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
+    def block_cond(self, b: int, consts: dict[str, Any], inv: dict[str, Any], count: bool = False):
         """`(run_it, state) -> state`: block b run in place, for the lanes
-        waiting at it, where the scalar `run_it` is true."""
+        waiting at it, where the scalar `run_it` is true. `count`: the lanes
+        that run it count it in `depth` there (for a follow block: counted
+        outside, the count would read the pc from before the conditional,
+        and XLA would copy the pc in its untaken branch to keep it)."""
         run, lanes = self.block_fn(b, consts, inv), self.lane_ids
         regs_in, regs_out, popped, pushed = self._footprint(b)
         term = self.prog.blocks[b].term
@@ -248,7 +251,7 @@ class Machine:
 
         def true_fn(sub):
             stacks = dict(sub["stacks"])
-            sps = {**sub["sps"], **({PC: sub["pc_sp"]} if pc_read else {})}
+            sps = {**self.layout.pointers(sub["sps"]), **({PC: sub["pc_sp"]} if pc_read else {})}
             if pc_read:
                 stacks[PC] = sub["pc_stack"]
             tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s])
@@ -268,27 +271,32 @@ class Machine:
             if pc_write:
                 row, value = writes[PC]
                 out["pc_stack"] = sub["pc_stack"].at[row, lanes].set(value, mode="drop")
+            if count:
+                out["depth"] = sub["depth"] + (sub["pc"] == b)
             return out
 
         def false_fn(sub):
             out = {"pc": sub["pc"], "regs": {v: sub["regs"][v] for v in regs_out}, "sps": sub["sps"],
                    "stacks": {s: sub["stacks"][s] for s in pushed}}
-            for k in ("pc_sp", *(("pc_stack",) if pc_write else ())):
+            for k in ("pc_sp", *(("pc_stack",) if pc_write else ()), "depth"):
                 if k in sub:
                     out[k] = sub[k]
             return out
 
         def step(run_it: jax.Array, state: MachineState) -> MachineState:
             sub = {"pc": state.pc, "regs": {v: state.regs[v] for v in regs_in},
-                   "sps": {s: state.sps[s] for s in stacks_in},
+                   "sps": {p: state.sps[p] for p in sorted({self.layout.pointer_of[s] for s in stacks_in})},
                    "stacks": {s: state.stacks[s] for s in stacks_in}}
             if pc_read or pc_write:
                 sub["pc_sp"] = state.pc_sp
                 sub["pc_stack"] = state.pc_stack
+            if count:
+                sub["depth"] = state.depth
             out = lax.cond(run_it, true_fn, false_fn, sub)
             return state._replace(pc=out["pc"], regs={**state.regs, **out["regs"]}, sps={**state.sps, **out["sps"]},
                                   stacks={**state.stacks, **out["stacks"]},
-                                  pc_sp=out.get("pc_sp", state.pc_sp), pc_stack=out.get("pc_stack", state.pc_stack))
+                                  pc_sp=out.get("pc_sp", state.pc_sp), pc_stack=out.get("pc_stack", state.pc_stack),
+                                  depth=out.get("depth", state.depth))
 
         return step
 
@@ -307,7 +315,7 @@ class Machine:
         in_place = [(b, self.block_cond(b, consts, inv)) for b in sorted(self.heavy)]
         # Blocks run after the chosen one (`Scheduler.follow`); not while
         # recording, whose tape holds one block per step.
-        follow = [(b, self.block_cond(b, consts, inv))
+        follow = [(b, self.block_cond(b, consts, inv, count=True))
                   for b in (getattr(self.scheduler, "follow", ()) if recorder is None else ())]
         halt, max_steps = self.halt, self.max_steps
 
@@ -327,12 +335,10 @@ class Machine:
                 state = self._switch_step(slot[block] if self.heavy else block, block, branches, state)
             for b, run_in_place in in_place:
                 state = run_in_place(block == b, state)
-            depth = depth + (before == block)
+            state = state._replace(depth=depth + (before == block))
             for b, run_in_place in follow:
-                here = state.pc == b
-                depth = depth + here
-                state = run_in_place(jnp.any(here), state)
-            new = state._replace(sched=sched, steps=state.steps + 1, depth=depth)
+                state = run_in_place(jnp.any(state.pc == b), state)
+            new = state._replace(sched=sched, steps=state.steps + 1)
             return new, {"block": block}
 
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)
@@ -354,7 +360,7 @@ class Machine:
                       "sps": state.sps, **({"pc_sp": state.pc_sp} if state.pc_sp is not None else {})}
         # Only the tops go into the switch: a whole stack there would be copied
         # every step (XLA cannot tell the branch's read precedes the scatter below).
-        sps = {**lane_state["sps"], **({PC: lane_state["pc_sp"]} if PC in stacks else {})}
+        sps = {**self.layout.pointers(lane_state["sps"]), **({PC: lane_state["pc_sp"]} if PC in stacks else {})}
         tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s]) for s in self.light_popped}
         lane_state, writes = lax.switch(index, branches, lane_state, tops)
         for v, (row, value) in writes.items():

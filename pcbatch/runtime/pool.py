@@ -137,7 +137,7 @@ class PoolMachine:
         self.writers = {v: [b for b, blk in enumerate(blocks) if any(v in op_writes(op) for op in blk.ops)]
                         for v in self.stored}
         self.layout = StackLayout.of(prog)
-        self.stack_of, self.stacks, self.stack_writers = self.layout
+        self.stack_of, self.stacks, self.stack_writers = self.layout.stack_of, self.layout.stacks, self.layout.writers
         self.pushjumps = [b for b, blk in enumerate(blocks) if isinstance(blk.term, PushJump)]
         self.forks = {b: blk.term for b, blk in enumerate(blocks) if isinstance(blk.term, Fork)}
         self.launches = {b: [op.call for op in blk.ops if isinstance(op, Launch)] for b, blk in enumerate(blocks)}

@@ -16,7 +16,8 @@ class MachineState(NamedTuple):
 
     pc:       [L] block each lane waits at; `halt`/`overflowed` when done.
     regs:     {var: [L, ...]} registers (values crossing a block boundary).
-    stacks:   {stack: [D, L, ...]} saved variables; `sps` their pointers.
+    stacks:   {stack: [D, L, ...]} saved variables; `sps` their pointers, one per group
+              of stacks that every block moves alike (`StackLayout.pointer_of`).
     pc_stack: [D, L] return addresses and `pc_sp` its pointer (None without calls).
     depth:    [L] blocks each lane has run (the depth schedulers' key).
     steps:    steps taken; `sched` the scheduler's own carry.

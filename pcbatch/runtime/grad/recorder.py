@@ -43,7 +43,7 @@ class Recorder:
             sp = {s: own[:, p.col[f"sp:{s}"]] for s in p.layout.stacks}
         else:
             own, example = None, ids
-            sp = {s: pre.sps[s].at[ids].get(mode="fill", fill_value=0) for s in p.layout.stacks}
+            sp = {s: x.at[ids].get(mode="fill", fill_value=0) for s, x in p.layout.pointers(pre.sps).items()}
 
         def write(g: BlockGrad, w: int):
             """Block g's rows for the first `w` lanes (a width bucket >= n)."""
