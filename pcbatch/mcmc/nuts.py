@@ -80,7 +80,7 @@ class NUTSOutput(NamedTuple):
         from pcbatch.mcmc.diagnostics import summary
         position = self.equal_length().position
         if np.shape(position)[1] < 4 and np.shape(position)[1] < np.shape(self.position)[1]:
-            raise ValueError(f"summary needs at least 4 draws from every chain; under this call's gradient_budget "
+            raise _invalid(f"summary needs at least 4 draws from every chain; under this call's gradient_budget "
                              f"one chain made {np.shape(position)[1]} (num_draws {np.asarray(self.num_draws).tolist()}): "
                              "continue the chains (out.last_position) and summarize the draws of several calls, "
                              "or give a larger budget")
@@ -424,7 +424,8 @@ def _report_intervals(chains: int, num_transitions: int, every: int, dtype: str)
     intervals = np.full((chains,), num_transitions, dtype)
     if every > 0:
         intervals[-1] = min(every, num_transitions)
-    return jnp.asarray(intervals)
+    with jax.ensure_compile_time_eval():  # cached: never a tracer of the jit it was first made in
+        return jnp.asarray(intervals)
 
 
 @functools.lru_cache(maxsize=256)
@@ -432,8 +433,10 @@ def _constant(shape: tuple[int, ...], value: Any, dtype: str) -> jax.Array:
     """A small argument `prepare` builds the same way on every call (a default
     mass matrix, a scalar step size, a budget): made once, not dispatched per
     call (a 1-chain call lasts ~1 ms; each dispatch costs ~15 us). Immutable,
-    and the machine donates only its workspace, so sharing it is safe."""
-    return jnp.full(shape, value, dtype)
+    and the machine donates only its workspace, so sharing it is safe.
+    Made outside any trace: a cached tracer would break every later call."""
+    with jax.ensure_compile_time_eval():
+        return jnp.full(shape, value, dtype)
 
 
 # --------------------------------------------------------------------------
@@ -484,7 +487,8 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
 
     total = num_warmup + num_samples
     if adaptation == "window" and num_warmup > 0:
-        tables = tuple(jnp.asarray(t) for t in _adaptation.schedule(num_warmup))
+        with jax.ensure_compile_time_eval():  # the program is cached: no tracer of a caller's jit in it
+            tables = tuple(jnp.asarray(t) for t in _adaptation.schedule(num_warmup))
     else:
         tables = None
 
@@ -610,7 +614,7 @@ class GradientQuorum:
 
     def __init__(self, leaf: int, quorum: float = 0.5):
         if not 0.0 < quorum <= 1.0:
-            raise ValueError(f"quorum must be in (0, 1], got {quorum}")
+            raise _invalid(f"quorum must be in (0, 1], got {quorum}")
         self.leaf, self.quorum = int(leaf), float(quorum)
 
     def init(self, num_blocks: int, num_lanes: int) -> Any:
@@ -676,16 +680,16 @@ def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, t
     arguments, so calling `sample` twice with the same `logdensity_fn`
     compiles once. `.reference(*args)` runs the same Python chain by chain."""
     if uturn_criterion not in ("stan", "numpyro"):
-        raise ValueError(f"uturn_criterion must be 'stan' or 'numpyro', got {uturn_criterion!r}")
+        raise _invalid(f"uturn_criterion must be 'stan' or 'numpyro', got {uturn_criterion!r}")
     if adaptation not in ("step_size", "window"):
-        raise ValueError(f"adaptation must be 'step_size' or 'window', got {adaptation!r}")
+        raise _invalid(f"adaptation must be 'step_size' or 'window', got {adaptation!r}")
     if num_samples < 1 or max_tree_depth < 1 or leapfrogs_per_leaf < 1 or num_warmup < 0:
-        raise ValueError("num_samples, max_tree_depth and leapfrogs_per_leaf must be at least 1, "
+        raise _invalid("num_samples, max_tree_depth and leapfrogs_per_leaf must be at least 1, "
                          "num_warmup at least 0")
     if not 0.0 < target_accept < 1.0:
-        raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
+        raise _invalid(f"target_accept must be in (0, 1), got {target_accept}")
     if leaves_per_step not in (1, 2, 4, 8):
-        raise ValueError(f"leaves_per_step must be 1, 2, 4 or 8 (or 'auto' in `sample`), got {leaves_per_step!r}")
+        raise _invalid(f"leaves_per_step must be 1, 2, 4 or 8 (or 'auto' in `sample`), got {leaves_per_step!r}")
     return _cached(logdensity_fn, int(num_samples), int(num_warmup), float(target_accept), int(max_tree_depth),
                    int(leapfrogs_per_leaf), float(max_delta_energy), uturn_criterion,
                    0 if per_chain_step_size else None, 0 if per_chain_mass else None, schedule,
@@ -726,6 +730,16 @@ def _gradient_flops(logdensity_fn: Callable, dim: int, dtype: str) -> float | No
     return None if flops is None else float(flops)
 
 
+def _invalid(message: str, hint: str = "") -> pcbatch.ArgumentError:
+    """Bad input to the sampler: a named pcbatch error (also a ValueError)."""
+    return pcbatch.ArgumentError("pcbatch.mcmc.nuts", message, hint)
+
+
+def _concrete(x: Any) -> np.ndarray | None:
+    """`x`'s values where they are known here (None inside a caller's jit)."""
+    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
+
+
 def _raw_keys(keys: Any, chains: int) -> jax.Array:
     """`[chains, 2]` raw keys from as many keys, or from ONE key (split in `chains`)."""
     keys = jnp.asarray(keys) if not isinstance(keys, jax.Array) else keys
@@ -734,7 +748,7 @@ def _raw_keys(keys: Any, chains: int) -> jax.Array:
     if keys.shape == (2,) and keys.dtype == jnp.uint32:
         keys = jax.random.split(keys, chains)  # one key for all chains, as BlackJAX users pass
     if keys.ndim != 2 or keys.dtype != jnp.uint32:
-        raise ValueError(f"keys must be one key, [chains, 2] uint32 (jax.random.split(key, chains)) "
+        raise _invalid(f"keys must be one key, [chains, 2] uint32 (jax.random.split(key, chains)) "
                          f"or [chains] typed keys; got {keys.shape} {keys.dtype}")
     return keys
 
@@ -757,21 +771,35 @@ def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matr
     = warm-up + samples: `(args, per_chain_step_size, per_chain_mass)`.
     `progress_every` > 0: the last chain reports every that many transitions;
     `gradient_budget`: see `sample`."""
-    x = jnp.asarray(initial_positions)
+    try:
+        x = jnp.asarray(initial_positions)
+    except (TypeError, ValueError) as e:
+        raise _invalid(f"initial_positions must be one array, [chains, dim] or [dim]; got a "
+                       f"{type(initial_positions).__name__} ({e})",
+                       "flatten a pytree of parameters: x, unravel = jax.flatten_util.ravel_pytree(params), and "
+                       "write the log density of the flat vector (see pcbatch.mcmc.convert)") from None
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.float32)
     if x.ndim == 1 and num_chains is not None:
         x = jnp.broadcast_to(x, (int(num_chains), x.shape[0]))  # every chain starts there
     if x.ndim != 2:
-        raise ValueError(f"initial_positions must be [chains, dim] (or [dim] with num_chains), got shape {x.shape}")
+        raise _invalid(f"initial_positions must be [chains, dim] (or [dim] with num_chains), got shape {x.shape}")
     if num_chains is not None and x.shape[0] != num_chains:
-        raise ValueError(f"num_chains={num_chains} but initial_positions has {x.shape[0]} rows")
+        raise _invalid(f"num_chains={num_chains} but initial_positions has {x.shape[0]} rows")
     if x.dtype != jnp.float32:
-        raise ValueError(f"pcbatch.mcmc.nuts runs in float32; got initial_positions of dtype {x.dtype}")
+        raise _invalid(f"pcbatch.mcmc.nuts runs in float32; got initial_positions of dtype {x.dtype}")
     chains, dim = x.shape
+    if chains == 0 or dim == 0:
+        raise _invalid(f"initial_positions has shape {x.shape}: NUTS needs at least one chain of at least one "
+                       "dimension")
+    values = _concrete(x)
+    if values is not None and not np.isfinite(values).all():
+        bad = sorted(set(np.nonzero(~np.isfinite(values))[0].tolist()))
+        raise _invalid(f"initial_positions of chain(s) {bad[:10]} are not finite",
+                       "start every chain where the log density is finite")
     keys = _raw_keys(keys, chains)
     if keys.shape[0] != chains:
-        raise ValueError(f"{keys.shape[0]} keys for {chains} chains")
+        raise _invalid(f"{keys.shape[0]} keys for {chains} chains")
     if isinstance(step_size, (int, float)) and not isinstance(step_size, bool):
         step = _constant((), float(step_size), x.dtype.name)
     else:
@@ -779,14 +807,20 @@ def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matr
     mass = (_constant((dim,), 1.0, x.dtype.name) if inverse_mass_matrix is None
             else jnp.asarray(inverse_mass_matrix, x.dtype))
     if step.ndim not in (0, 1) or (step.ndim == 1 and step.shape[0] != chains):
-        raise ValueError(f"step_size must be a scalar or [chains], got shape {step.shape}")
+        raise _invalid(f"step_size must be a scalar or [chains], got shape {step.shape}")
     if mass.shape not in ((dim,), (chains, dim)):
-        raise ValueError(f"inverse_mass_matrix must be diagonal: [dim] or [chains, dim], got {mass.shape}")
+        raise _invalid(f"inverse_mass_matrix must be diagonal: [dim] or [chains, dim], got {mass.shape}")
+    for name, value in (("step_size", step), ("inverse_mass_matrix", mass)):
+        known = _concrete(value)
+        if known is not None and not (np.isfinite(known).all() and (known > 0).all()):
+            raise _invalid(f"{name} must be finite and positive, got {known if known.size <= 8 else known.ravel()[:8]}",
+                           "a step size of 0 never moves a chain; a negative one or a non-positive mass "
+                           "has no meaning in the dynamics")
     tree_keys, noise = _split_keys(keys, int(num_transitions), dim)
     report_every = report_intervals(chains, int(num_transitions), int(progress_every))
     int_dtype = _index_dtype()
     if gradient_budget is not None and (int(gradient_budget) != gradient_budget or gradient_budget < 1):
-        raise ValueError(f"gradient_budget must be a positive integer (gradient evaluations per chain), "
+        raise _invalid(f"gradient_budget must be a positive integer (gradient evaluations per chain), "
                          f"got {gradient_budget!r}")
     limit = np.iinfo(int_dtype).max if gradient_budget is None else int(gradient_budget)
     budget = _constant((chains,), limit, int_dtype)
@@ -877,10 +911,10 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
     """
     if step_size is None:
         if num_warmup == 0:
-            raise ValueError("step_size is required without warm-up (num_warmup=0)")
+            raise _invalid("step_size is required without warm-up (num_warmup=0)")
         step_size = 1.0
     if gradient_budget is not None and num_warmup > 0:
-        raise ValueError("gradient_budget stops chains at different transitions, so it cannot share a call "
+        raise _invalid("gradient_budget stops chains at different transitions, so it cannot share a call "
                          "with warm-up: warm up in a call of its own (num_samples=1 is enough), then continue "
                          "from out.last_position with out.step_size and out.inverse_mass_matrix")
     total = num_warmup + num_samples
@@ -888,7 +922,7 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
     if progress_bar:
         every = max(1, total // 10) if progress_every is None else int(progress_every)
         if every < 1:
-            raise ValueError(f"progress_every must be at least 1, got {progress_every}")
+            raise _invalid(f"progress_every must be at least 1, got {progress_every}")
     args, per_step, per_mass = prepare(initial_positions, keys, step_size, inverse_mass_matrix, total, num_chains,
                                        every, gradient_budget)
     prog = sampler(logdensity_fn, num_samples=num_samples, num_warmup=num_warmup, target_accept=target_accept,

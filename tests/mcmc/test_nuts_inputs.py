@@ -1,0 +1,55 @@
+"""What a user passes `nuts.sample`: bad input is a named pcbatch error (also a ValueError)
+before any sampling, and a call under the user's `jax.jit` leaves nothing behind that
+breaks later calls (the sampler caches small constants and compiled programs)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pcbatch
+from pcbatch.mcmc import nuts
+
+
+def gaussian(x):
+    return -0.5 * jnp.sum(x ** 2)
+
+
+def laplace(x):
+    return -jnp.sum(jnp.abs(x))
+
+
+KEY = jax.random.PRNGKey(0)
+
+
+def test_a_jitted_call_caches_no_tracer():
+    """The default mass matrix, a scalar step size and the budget are cached arrays: made
+    under the first call's jit, they were tracers that broke every later call."""
+    inside = jax.jit(lambda k: nuts.sample(gaussian, jnp.zeros((3, 2)), k, step_size=0.4, num_samples=5))(KEY)
+    eager = nuts.sample(gaussian, jnp.zeros((3, 2)), KEY, step_size=0.4, num_samples=5)
+    np.testing.assert_array_equal(np.asarray(inside.position), np.asarray(eager.position))
+    other = nuts.sample(laplace, jnp.zeros((3, 2)), KEY, step_size=0.4, num_samples=5)
+    assert np.isfinite(np.asarray(other.position)).all()
+
+
+def test_window_adaptation_under_jit_equals_eager():
+    run = lambda k: nuts.sample(gaussian, jnp.zeros(2), k, num_warmup=30, num_samples=5,  # noqa: E731
+                                adaptation="window", num_chains=3)
+    inside, eager = jax.jit(run)(KEY), run(KEY)
+    np.testing.assert_array_equal(np.asarray(inside.position), np.asarray(eager.position))
+
+
+@pytest.mark.parametrize("positions, kwargs, says", [
+    ({"a": jnp.zeros((4, 2))}, {}, "ravel_pytree"),
+    (jnp.zeros((0, 2)), {}, "at least one chain"),
+    (jnp.array([[0.0, jnp.nan], [1.0, 0.0]]), {}, r"chain\(s\) \[0\] are not finite"),
+    (jnp.zeros((2, 2)), {"step_size": 0.0}, "step_size must be finite and positive"),
+    (jnp.zeros((2, 2)), {"step_size": -0.5}, "step_size must be finite and positive"),
+    (jnp.zeros((2, 2)), {"step_size": jnp.array([0.3, jnp.nan])}, "step_size must be finite and positive"),
+    (jnp.zeros((2, 2)), {"inverse_mass_matrix": jnp.array([-1.0, 1.0])},
+     "inverse_mass_matrix must be finite and positive"),
+])
+def test_bad_input_is_a_named_error(positions, kwargs, says):
+    kwargs = {"step_size": 0.4, **kwargs}
+    with pytest.raises(pcbatch.ArgumentError, match=says) as info:
+        nuts.sample(gaussian, positions, KEY, num_samples=3, **kwargs)
+    assert isinstance(info.value, ValueError)
