@@ -16,7 +16,7 @@ from pcbatch import _context, differentiation, failures
 from pcbatch import sharding as _sharding
 from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, reference_call, target_of
 from pcbatch.compile import Cache, Executable, Signature, block_ir, executable, first_stack_depth, measure_fork
-from pcbatch.errors import Loc, OptionError, UnsupportedSyntaxError
+from pcbatch.errors import ArgumentError, Loc, OptionError, UnsupportedSyntaxError
 from pcbatch.frontend import BoundFunction
 from pcbatch.fsm import Policy, get_scheduler
 from pcbatch.ir.core import Program, StackProgram
@@ -24,7 +24,7 @@ from pcbatch.ir.interpret import Trace, run_stack_program
 from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.options import Options
 from pcbatch.runtime import Status
-from pcbatch.runtime.grad import TapeInfo, is_float
+from pcbatch.runtime.grad import DEFAULT_TAPE_SIZE, TapeInfo, is_float
 from pcbatch.runtime.run import trace_steps
 from pcbatch.runtime.steps import StepTrace
 
@@ -140,8 +140,20 @@ class Autobatched:
         >>> power.tape_info(jnp.array([2.0, 3.0]), jnp.array([3, 40])).needed
         22
         """
-        exe, inputs = self.executable(*args, **kwargs)
+        exe, inputs = self._host_side("tape_info", args, kwargs)
+        if exe.batch == 0:
+            return TapeInfo(self.options.tape_size or DEFAULT_TAPE_SIZE, 0, {}, 0, 0, 0, 0)
         return exe.gradient_machine().info(inputs)
+
+    def _host_side(self, what: str, args: tuple, kwargs: dict) -> tuple[Executable, dict[str, Any]]:
+        """The executable and inputs of a call whose record Python reads (`trace`,
+        `tape_info`): its arguments must be concrete."""
+        bound = self._bind(args, kwargs)
+        if any(map(differentiation.is_tracer, tree_util.tree_leaves(bound.values))):
+            raise ArgumentError(self.__name__, f"`{what}` runs the machine and reads its record in Python, so it "
+                                               "needs concrete arguments, not values traced by jax.jit/grad/vmap",
+                                "call it outside the transformation, on the same shapes.")
+        return self._executable(bound)
 
     def reference(self, *args: Any, **kwargs: Any) -> Any:
         """Run the original Python one example at a time (the test oracle)."""
@@ -172,7 +184,11 @@ class Autobatched:
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise OptionError("steps", f"must be a positive int, got {steps!r}")
-        exe, inputs = self.executable(*args, **kwargs)
+        exe, inputs = self._host_side("trace", args, kwargs)
+        if exe.batch == 0:  # nothing runs
+            idx = np.dtype(exe.signature.index_dtype)
+            return StepTrace(np.zeros(0, idx), np.zeros(0, idx), np.zeros((0, exe.prog.num_blocks), idx), 0, 0, 0,
+                             np.zeros((0, 0), idx) if per_lane else None, np.zeros((0, 0), bool) if per_lane else None)
         with _context.in_building():
             return trace_steps(exe.prog, inputs, exe.batch, exe.config(exe.batch)[1], steps, per_lane)[2]
 

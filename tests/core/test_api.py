@@ -332,3 +332,20 @@ def test_trace_has_one_entry_per_example():
 
 def test_reference_runs_original_python():
     np.testing.assert_array_equal(bare.reference(N), COLLATZ)
+
+
+def test_trace_and_tape_info_on_an_empty_batch_and_under_jit():
+    """Host-side introspection: a batch of 0 records nothing (as `f(...)` returns empty
+    results); traced arguments are a named error, not a JAX internal one."""
+    power = pcbatch.autobatch(lambda_free_power)
+    trace = power.trace(jnp.zeros((0,)), jnp.zeros((0,), jnp.int32))
+    assert trace.total == 0 and trace.blocks.shape == (0,) and trace.counts.shape[0] == 0
+    info = power.tape_info(jnp.zeros((0,)), jnp.zeros((0,), jnp.int32))
+    assert info.needed == 0 and info.steps == 0
+    for what in (power.trace, power.tape_info):
+        with pytest.raises(pcbatch.ArgumentError, match="concrete arguments"):
+            jax.jit(lambda x: what(x, jnp.array([1, 2])))(jnp.ones(2))
+
+
+def lambda_free_power(x, n):
+    return 1.0 if n == 0 else x * lambda_free_power(x, n - 1)
