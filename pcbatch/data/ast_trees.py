@@ -244,9 +244,13 @@ def load_ast_trees(split: str = "train", *, max_nodes: int = 128, min_nodes: int
         raise ValueError(f"split must be one of {SPLITS + ('all',)}, got {split!r}")
     if task not in (None, "returns_value"):
         raise ValueError(f"unknown task {task!r}")
+    if max_trees is not None and (isinstance(max_trees, bool) or int(max_trees) != max_trees or max_trees < 0):
+        raise ValueError(f"max_trees must be None or an int >= 0, got {max_trees!r}")
     wanted = None if modules is None else set(modules)
     out = AstTrees([], [], [], [])
     labels: list[int] = []
+    if max_trees == 0:
+        return out._replace(labels=np.asarray(labels, np.int32))
     for name, path in stdlib_modules():
         if (wanted is not None and name not in wanted) or (split != "all" and split_of(name, fractions) != split):
             continue

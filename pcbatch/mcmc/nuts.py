@@ -887,7 +887,9 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
         doublings, and a subtree cut short inside the step); measured on cheap
         gradients 0.75-1.35x the pairs' speed, so never chosen for you. "auto"
         (default): 1 where gradients dominate the machine's steps
-        (`auto_leaves_per_step`), else 2. Results do not depend on it.
+        (`auto_leaves_per_step`), else 2. The draws are the same up to floating-point
+        rounding (a gradient is computed in a batch of another width), which warm-up can
+        grow into different draws from the same distribution.
       gradient_budget: for chains that stay slow (a funnel's neck: 1023 leaves
         a transition, transition after transition), each chain stops after the
         transition in which its gradient evaluations reach this many, or after

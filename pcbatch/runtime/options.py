@@ -5,6 +5,8 @@ None of them changes a result, only how fast and in how much memory it comes.
 """
 from __future__ import annotations
 
+import difflib
+import functools
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -89,3 +91,22 @@ class Tuning:
         while out[0] // 2 >= self.min_width and len(out) < self.max_widths:
             out.insert(0, out[0] // 2)
         return out
+
+
+def _named_keywords(init):
+    """`Tuning(...)` with a name it does not have: OptionError with the closest name
+    (as `autobatch` options), not the dataclass's TypeError."""
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs):
+        known = [f.name for f in fields(Tuning)]
+        unknown = sorted(set(kwargs) - set(known))
+        if unknown:
+            guesses = [g for u in unknown for g in difflib.get_close_matches(u, known, n=1)]
+            raise OptionError(", ".join(f"tuning.{u}" for u in unknown), "not a Tuning field",
+                              (f"did you mean {', '.join(guesses)}? " if guesses else "")
+                              + f"The fields are {', '.join(known)}.")
+        init(self, *args, **kwargs)
+    return checked
+
+
+Tuning.__init__ = _named_keywords(Tuning.__init__)

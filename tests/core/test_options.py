@@ -94,3 +94,8 @@ def test_tuning_never_changes_results(tuning):
     for fork in (True, False):
         f = pcbatch.autobatch(fib, fork=fork, tuning=tuning)
         np.testing.assert_array_equal(f(X), WANT)
+
+
+def test_unknown_tuning_field_is_an_option_error_with_the_closest_name():
+    with pytest.raises(pcbatch.OptionError, match="did you mean max_widths"):
+        pcbatch.Tuning(max_width=2)

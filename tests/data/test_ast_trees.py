@@ -161,3 +161,10 @@ def test_encode_function_respects_caps():
     assert ast_trees.encode_function(fn, max_nodes=n - 1, max_children=8) is None
     assert ast_trees.encode_function(fn, max_nodes=64, max_children=5) is None   # the Call has 6 children
     assert ast_trees.encode_function(fn, max_nodes=64, max_children=6) is not None
+
+
+def test_max_trees_zero_is_empty_and_negative_is_an_error():
+    assert len(data.load_ast_trees("train", max_trees=0).trees) == 0
+    assert len(data.load_ast_trees("train", max_trees=2, max_nodes=32).trees) == 2
+    with pytest.raises(ValueError, match="max_trees"):
+        data.load_ast_trees("train", max_trees=-5)
