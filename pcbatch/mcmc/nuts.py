@@ -736,8 +736,11 @@ def _invalid(message: str, hint: str = "") -> pcbatch.ArgumentError:
 
 
 def _concrete(x: Any) -> np.ndarray | None:
-    """`x`'s values where they are known here (None inside a caller's jit)."""
-    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
+    """`x`'s values where this process knows them (None inside a caller's jit, or for
+    a global array spread over several processes)."""
+    if isinstance(x, jax.core.Tracer) or not getattr(x, "is_fully_addressable", True):
+        return None
+    return np.asarray(x)
 
 
 def _raw_keys(keys: Any, chains: int) -> jax.Array:
