@@ -61,6 +61,10 @@ def coalesce_copies(blocks: tuple[Block, ...], live_in: list[set[str]], live_out
             if (u == v or u in params or (not single and v in taken) or v in exclusive or u in keep
                     or u in renames or u in taken or v in renames or u.rpartition(".")[0] != v.rpartition(".")[0]):
                 continue
+            if v in params and u in after[i][k]:
+                # `c = n - 1; x = f(c); ... c ...`: merged into the parameter, c would be saved
+                # across the call where the parameter copies were, before `n = n - 1` wrote it.
+                continue
             clash = False
             for j, blk in enumerate(blocks):
                 for m, other in enumerate(blk.ops):

@@ -264,3 +264,44 @@ def test_short_circuit_or_of_a_bool_and_an_int_types_as_the_join():
     k = jnp.array([1, 2, 5])
     np.testing.assert_array_equal(or_of_bool_and_int(k), [943, 944, 947])
     np.testing.assert_array_equal(or_of_bool_and_int(k), or_of_bool_and_int.reference(k))
+
+
+# A local passed to a self-call and read after it (`c = n - 1; x = f(c); ... c`): copy
+# coalescing merged `c` into the parameter `n`, and the save across the call was placed
+# where the parameter copy had been, before `n = n - 1`: the caller read its old `n`.
+
+def halve_and_add(x):
+    if x > 1.0:
+        y = x * 0.5
+        r = halve_and_add(y)
+        return r * 3.0 + y
+    return x
+
+
+def count_down(n):
+    if n > 0:
+        c = n - 1
+        x = count_down(c)
+        return x * 2.0 + c
+    return 1.0
+
+
+def loop_of_calls(n):
+    s = 0
+    while n > 0:
+        c = n - 1
+        s = s + loop_of_calls(c) * 2 + c
+        n = c - 1
+    return s
+
+
+@pytest.mark.parametrize("fork", [False, True, "auto"])
+@pytest.mark.parametrize("fn, xs", [(count_down, [0, 1, 2, 3, 5]), (loop_of_calls, [0, 1, 2, 3, 6]),
+                                    (halve_and_add, [0.5, 1.5, 3.0, 7.0])])
+def test_local_passed_to_a_self_call_and_read_after_it(fn, xs, fork):
+    f = pcbatch.autobatch(fn, fork=fork)
+    x = jnp.asarray(xs)
+    np.testing.assert_allclose(np.asarray(f(x)), np.asarray(f.reference(x)))
+    if fn is halve_and_add:
+        want = jax.grad(lambda v: sum(fn(v[i]) for i in range(len(xs))))(x)
+        np.testing.assert_allclose(np.asarray(jax.grad(lambda v: f(v).sum())(x)), np.asarray(want), rtol=1e-6)
