@@ -125,8 +125,9 @@ def _line(loc) -> str:
 
 
 class _Loops:
-    def __init__(self, fn: Function):
+    def __init__(self, fn: Function, launching: frozenset[str] = frozenset()):
         self.fn = fn
+        self.launching = launching
         self.blocks = list(fn.blocks)
         self.notes: list[str] = []
         self.live = _live_in(self.blocks)
@@ -181,6 +182,13 @@ class _Loops:
             return (f"{where}: the call to {c.callee}{_line(c.loc)} reads "
                     f"{', '.join(sorted(set(c.args) & tainted))}, which depends on a call's result: "
                     "its calls run one after another")
+        for c in calls:
+            if not any(c is d for d in launched) and c.callee in self.launching:
+                # The children wait in this lane's list until collected; a callee that launches
+                # in the same lane would append its own and collect this loop's.
+                return (f"{where}: it also calls {c.callee}{_line(c.loc)} in the loop, which launches calls of "
+                        "its own in the same lane while this loop's are collected: its calls run one after "
+                        "another")
         for i in region:
             t = blocks[i].term
             if isinstance(t, Branch) and t.cond in tainted:
@@ -378,8 +386,26 @@ class _Loops:
         return tuple(ops), Branch(run, term.true, leave, loc)
 
 
-def form_loop_forks(fn: Function) -> tuple[Function, list[str]]:
+def form_loop_forks(fn: Function, launching: frozenset[str] = frozenset()) -> tuple[Function, list[str]]:
     """`fn` with every loop whose calls can be made at once split into launch,
     await and collect (module docstring), and a note per loop with calls
-    saying what was done or why not."""
-    return _Loops(fn).run()
+    saying what was done or why not. `launching`: functions that may launch
+    calls in the lane that calls them (a loop that calls one of them, besides
+    the calls it launches, is not split)."""
+    return _Loops(fn, launching).run()
+
+
+def launching_functions(functions: tuple[Function, ...]) -> frozenset[str]:
+    """The functions whose run in a lane may launch calls there: they launch, or
+    call (in their own lane) one that does."""
+    direct = {f.name for f in functions for b in f.blocks for op in b.ops if isinstance(op, Launch)}
+    calls = {f.name: {op.callee for b in f.blocks for op in b.ops if isinstance(op, Call)} for f in functions}
+    out = set(direct)
+    grew = True
+    while grew:
+        grew = False
+        for name, callees in calls.items():
+            if name not in out and callees & out:
+                out.add(name)
+                grew = True
+    return frozenset(out)

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 from pcbatch.frontend.bound import BoundFunction
 from pcbatch.frontend.converter import convert_function
 from pcbatch.frontend.forks import form_forks
-from pcbatch.frontend.loop_forks import form_loop_forks
+from pcbatch.frontend.loop_forks import form_loop_forks, launching_functions
 from pcbatch.ir.cfg import closure, duplicate_return_tails
 from pcbatch.ir.core import Call, Program
 from pcbatch.ir.verify import verify_program
@@ -56,7 +56,11 @@ def build_program(entry: BoundFunction, unwrap: Callable[[Any], Optional[BoundFu
     kept = tuple(f for f in functions if f.name in live)
     notes: list[str] = []
     if fork and loops:
-        split = [form_loop_forks(f) for f in kept]
+        # Twice: the first pass finds which functions launch calls in their caller's lane;
+        # the second splits no loop that also calls one of them (results would mix).
+        first = tuple(f for f, _ in (form_loop_forks(f) for f in kept))
+        launching = launching_functions(first)
+        split = [form_loop_forks(f, launching) for f in kept]
         kept = tuple(f for f, _ in split)
         notes = [n for _, ns in split for n in ns]
     if fork:

@@ -207,3 +207,35 @@ def test_overflow_and_step_limits_flag_only_their_examples():
         flagged = np.asarray(status.overflow) | np.asarray(status.unfinished)
         assert flagged.any() and not flagged.all(), options
         np.testing.assert_allclose(np.asarray(out)[~flagged], expected[~flagged], rtol=1e-6)
+
+
+@pcbatch.autobatch(in_axes=(None, 0, 0))
+def offset_walk(children, node, a):  # a loop fork of its own
+    s = a
+    for k in range(jnp.sum(children[node] >= 0)):
+        s = s + offset_walk(children, children[node, k], a)
+    return s
+
+
+@pcbatch.autobatch(in_axes=(None, 0), fork=True)
+def walk_then_offset(children, node):
+    s = 0.0
+    for k in range(jnp.sum(children[node] >= 0)):
+        x = walk_then_offset(children, children[node, k])  # launched
+        s = s + offset_walk(children, children[node, k], x + 1.0)  # reads x: called while children wait
+    return s + 1.0
+
+
+def test_a_loop_that_also_calls_a_launching_function_keeps_its_calls():
+    """Launched children wait in their lane's list until collected: a callee that launches in
+    that lane (offset_walk) would append its own and collect the loop's (wrong sums). The
+    outer loop keeps its calls and says why; the inner one still forks."""
+    children, _, _, roots = random_forest(5, 12, 16, 4)
+    expected = walk_then_offset.reference(children, roots)
+    np.testing.assert_allclose(walk_then_offset(children, roots), expected, rtol=1e-5)
+    notes = walk_then_offset.lowered(children, roots).notes
+    assert any("also calls offset_walk" in n for n in notes)
+    assert any("offset_walk" in n and "a loop fork" in n for n in notes)
+    small = jnp.asarray([[1, 2], [3, -1], [-1, -1], [-1, -1]], jnp.int32)  # 0 -> {1, 2}, 1 -> {3}
+    root = jnp.zeros(1, jnp.int32)
+    np.testing.assert_allclose(walk_then_offset(small, root), [11.0])  # 24 before
