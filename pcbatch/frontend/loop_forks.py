@@ -36,6 +36,7 @@ fails keeps its calls (its inner loops are tried on their own), and
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import replace
 
 import jax
@@ -192,7 +193,9 @@ class _Loops:
         for i in region:
             t = blocks[i].term
             if isinstance(t, Branch) and t.cond in tainted:
-                return (f"{where}: the branch{_line(t.loc)} depends on a call's result (through `{t.cond}`), "
+                # A temporary's name means nothing in the listing (the printer renumbers them).
+                through = "" if re.match(r"_+t\d+$", t.cond.rpartition(".")[2]) else f" (through `{t.cond}`)"
+                return (f"{where}: the branch{_line(t.loc)} depends on a call's result{through}, "
                         "so the calls it makes are not known in advance: they run one after another")
             if not isinstance(t, (Jump, Branch, Return)):
                 return f"{where} ends a block in {type(t).__name__}: its calls run one after another"
