@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import inspect
 import types
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import jax
@@ -345,7 +346,10 @@ class Autobatched:
             result, status = self._run_differentiable(exe, inputs, bound, raise_errors)
             return result, status, prog, batch
         if tracing:
-            result, status, _ = self._runner(exe, raise_errors)(inputs, exe.new_workspace())
+            with warnings.catch_warnings():
+                # Under an eager jax.vmap the runner's workspace cannot be donated: only a hint lost.
+                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                result, status, _ = self._runner(exe, raise_errors)(inputs, exe.new_workspace())
             return result, status, prog, batch
         if exe.fork_choice is not None and exe.fork_choice.measure:
             def run(e: Executable) -> None:

@@ -349,3 +349,12 @@ def test_trace_and_tape_info_on_an_empty_batch_and_under_jit():
 
 def lambda_free_power(x, n):
     return 1.0 if n == 0 else x * lambda_free_power(x, n - 1)
+
+
+def test_eager_vmap_of_an_autobatched_function_warns_nothing():
+    import warnings
+    fib_like = pcbatch.autobatch(lambda_free_power)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = jax.vmap(fib_like)(jnp.full((3, 2), 2.0), jnp.array([[1, 2], [3, 0], [2, 2]]))
+    np.testing.assert_allclose(np.asarray(out), [[2.0, 4.0], [8.0, 1.0], [4.0, 4.0]])
