@@ -342,14 +342,14 @@ class Autobatched:
         tracing = any(differentiation.is_tracer(x) for x in leaves)
         # Forward mode alone differentiates the plain machine (JAX's jvp of a while loop: no
         # tape); anything else that may be differentiated goes through `grad.Differentiable`.
-        if tracing and differentiation.mode(leaves) != "forward" and is_float(inputs):
-            result, status = self._run_differentiable(exe, inputs, bound, raise_errors)
-            return result, status, prog, batch
         if tracing:
             with warnings.catch_warnings():
                 # Under an eager jax.vmap the runner's workspace cannot be donated: only a hint lost.
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                result, status, _ = self._runner(exe, raise_errors)(inputs, exe.new_workspace())
+                if differentiation.mode(leaves) != "forward" and is_float(inputs):
+                    result, status = self._run_differentiable(exe, inputs, bound, raise_errors)
+                else:
+                    result, status, _ = self._runner(exe, raise_errors)(inputs, exe.new_workspace())
             return result, status, prog, batch
         if exe.fork_choice is not None and exe.fork_choice.measure:
             def run(e: Executable) -> None:
