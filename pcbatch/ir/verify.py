@@ -67,10 +67,13 @@ def verify_program(program: Program) -> None:
             if isinstance(b.term, Fork):
                 outs = [c.out for c in b.term.calls]
                 _check(len(set(outs)) == len(outs), f"{f.name}: a Fork assigns one variable twice")
-                for c in b.term.calls:
+                for j, c in enumerate(b.term.calls):
                     _check(isinstance(c, Call) and c.callee in arity and len(c.args) == arity[c.callee],
                            f"{f.name}: bad Fork call {c}")
-                    _check(not set(c.args) & set(outs), f"{f.name}: a Fork call reads another's result")
+                    # Every call's arguments are read before any runs: reading the variable a call
+                    # (itself or a later one) writes reads its old value, as Python does; an
+                    # earlier call's result would not be there yet.
+                    _check(not set(c.args) & set(outs[:j]), f"{f.name}: a Fork call reads another's result")
                     defined.add(c.out)
         for b in f.blocks:
             for v in [r for op in b.ops for r in op_reads(op)] + list(term_reads(b.term)):

@@ -5,7 +5,8 @@ or two `@pcbatch.autobatch` functions, plus a batch of inputs for its entry
 function `f0`.  The programs use integer (and some float) arithmetic on a few
 variables, nested `if/elif/else`, `while` loops, `for i in range(a, b, s)` with
 data-dependent bounds and steps (negative steps and zero trips included; a stop or
-step held in a variable that the body may reassign),
+step held in a variable that the body may reassign), a call's depth argument held in a
+local that code after the call reads,
 `break`, `continue`, `pass`, early returns (inside loops too), conditional
 expressions, `and`/`or`/`not` (on booleans and, for their value, on ints),
 chained comparisons, augmented assignment, tuple unpacking and tuple returns,
@@ -154,6 +155,7 @@ class _Builder:
         self.callees = callees
         self.lines: list[str] = []
         self.stmt_budget = draw(st.integers(2, max_stmts))
+        self.no_prelude = False  # building an `elif` test: no line may go before it
 
     # --- small helpers -----------------------------------------------------
 
@@ -177,6 +179,8 @@ class _Builder:
         out += [f"i{j}" for j in range(MAX_LOOP_NEST)]
         if not writable:
             out += [f"k{j}" for j in range(MAX_LOOP_NEST)]
+            if self.callees:
+                out.append("dd")
         return out
 
     def emit(self, ctx: _Ctx, text: str) -> None:
@@ -314,7 +318,13 @@ class _Builder:
         args = []
         for k in callee.kinds:
             if k == "d":
-                args.append(self.choice(["d - 1", "d - 1", "d - 2"]))
+                arg = self.choice(["d - 1", "d - 1", "d - 2"])
+                # Sometimes the depth goes through a local that later code reads: `dd = d - 1`
+                # then `f(dd, ...)`, with dd live after the call. Picked from the text, not drawn.
+                if not self.no_prelude and zlib.crc32("\n".join(self.lines).encode()) % 3 == 0:
+                    self.lines.append("    " * (ctx.nest + 1) + f"dd = {arg}")
+                    arg = "dd"
+                args.append(arg)
             elif k == "i":
                 args.append(self.int_expr(inner, 1))
             else:
@@ -414,7 +424,10 @@ class _Builder:
             self.block(inner)
             n_elif = self.weighted([(4, 0), (2, 1), (1, 2)])
             for _ in range(n_elif):
-                self.emit(ctx, f"elif {self.cond(ctx)}:")
+                self.no_prelude = True
+                test = self.cond(ctx)
+                self.no_prelude = False
+                self.emit(ctx, f"elif {test}:")
                 self.block(inner)
             if self.draw(st.booleans()):
                 self.emit(ctx, "else:")
@@ -440,7 +453,8 @@ class _Builder:
                 self.emit(ctx, f"return {self.ret_expr(ctx)}")
             else:
                 self.emit(ctx, f"if {self.cond(ctx)}:")
-                self.emit(dataclasses.replace(ctx, nest=ctx.nest + 1), f"return {self.ret_expr(ctx)}")
+                inner = dataclasses.replace(ctx, nest=ctx.nest + 1)  # lines a call adds go inside the `if`
+                self.emit(inner, f"return {self.ret_expr(inner)}")
         else:
             self.emit(ctx, "pass")
 
@@ -534,13 +548,16 @@ class _Builder:
         for j in range(MAX_LOOP_NEST):
             self.emit(ctx, f"i{j} = 0")
             self.emit(ctx, f"k{j} = 0")
+        if self.callees:
+            self.emit(ctx, "dd = 0")
         if me.has_float:
             self.emit(ctx, self.choice(["fl = 0.0", "fl = 0", "fl = 1.5"] + (["fl = x * 0.5", "fl = x"]
                                                                              if "f" in me.kinds else [])))
         if self.callees and self.draw(st.integers(0, 2)) > 0:
             # the usual base case: the rest of the body may call freely
             self.emit(ctx, "if d <= 0:")
-            self.emit(dataclasses.replace(ctx, nest=1), f"return {self.ret_expr(ctx)}")
+            base = dataclasses.replace(ctx, nest=1)
+            self.emit(base, f"return {self.ret_expr(base)}")
             ctx = dataclasses.replace(ctx, guarded=True)
         self.block(ctx, 2, 6)
         self.emit(ctx, f"return {self.ret_expr(ctx)}")

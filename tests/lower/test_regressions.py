@@ -305,3 +305,31 @@ def test_local_passed_to_a_self_call_and_read_after_it(fn, xs, fork):
     if fn is halve_and_add:
         want = jax.grad(lambda v: sum(fn(v[i]) for i in range(len(xs))))(x)
         np.testing.assert_allclose(np.asarray(jax.grad(lambda v: f(v).sum())(x)), np.asarray(want), rtol=1e-6)
+
+
+# Two independent calls where a call's argument is the variable it (or a later call)
+# assigns: `i = f(d - 1, i)` or `x = g(d - 1, y); y = g(d - 2, 3)`. Every argument is read
+# before either call runs, as in Python; the IR check rejected the Fork (IRError).
+
+def own_result_as_argument(d, i):
+    if d <= 0:
+        return i + 1
+    i = own_result_as_argument(d - 1, i)
+    k = d - 1
+    return own_result_as_argument(k, d) + i
+
+
+def later_result_as_argument(d, y):
+    if d <= 0:
+        return y + 1
+    x = later_result_as_argument(d - 1, y)
+    y = later_result_as_argument(d - 2, 3)
+    return x * 10 + y
+
+
+@pytest.mark.parametrize("fork", [True, False, "auto"])
+@pytest.mark.parametrize("fn", [own_result_as_argument, later_result_as_argument])
+def test_a_call_reading_the_variable_a_sibling_call_assigns(fn, fork):
+    f = pcbatch.autobatch(fn, fork=fork)
+    d, v = jnp.asarray([0, 1, 2, 3, 5]), jnp.asarray([5, 1, 2, 0, 7])
+    np.testing.assert_array_equal(np.asarray(f(d, v)), np.asarray(f.reference(d, v)))
