@@ -123,8 +123,9 @@ class _Names:
         self.types = types or {}
         self.renamed = renamed or {}
         # An op's text names its function's own variables unqualified.
+        # (A function's own listing has unqualified names: those too.)
         self.local_renamed = {self._local(old): self._local(new) for old, new in self.renamed.items()
-                              if old.rpartition(".")[0] == (owner or "")}
+                              if old.rpartition(".")[0] in (owner or "", "")}
 
     def __call__(self, var: str, typed: bool = False) -> str:
         shown = self.renamed.get(var, var)

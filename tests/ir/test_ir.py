@@ -121,3 +121,31 @@ def test_simplify_merges_chains_and_threads_empty_jumps():
     # entry+empty+cond merge; `else` is threaded away; `then` keeps its op.
     assert [b.label for b in out] == ["entry", "then", "join"]
     assert isinstance(out[0].term, Branch) and out[0].term.false == 2
+
+
+@pcbatch.autobatch
+def settle(a):
+    if a > 3.0:
+        return a
+    return settle(a + 1.0)
+
+
+@pcbatch.autobatch(in_axes=(None, 0), fork=True)
+def collect_then_call(children, node):
+    s = 0.0
+    for k in range(jnp.sum(children[node] >= 0)):
+        x = collect_then_call(children, children[node, k])
+        s = s + settle(x + 1.0)
+    return s + 1.0
+
+
+def test_a_listing_renumbers_temporaries_in_the_op_text_too():
+    """The printer renumbers temporaries; an op's source text must show the same numbers
+    (a function's listing has unqualified names, which the text rewrite skipped)."""
+    children = jnp.asarray([[1, 2], [3, -1], [-1, -1], [-1, -1]], jnp.int32)
+    text = str(collect_then_call.ir())
+    lines = [line.strip() for line in text.splitlines()]
+    k = next(i for i, line in enumerate(lines) if "call settle(" in line)
+    out = lines[k].split(" = ")[0]
+    assert lines[k + 1] == f"s = s + {out}", lines[k:k + 2]
+    np.testing.assert_allclose(collect_then_call(children, jnp.zeros(1, jnp.int32)), [11.0])
