@@ -51,8 +51,12 @@ def local_ssa(ops: tuple[Op, ...]) -> list[Op]:
 
 
 def _ancestors(ops: list[Op]) -> list[set[int]]:
-    """For each op, the earlier ops it depends on (transitively), in SSA form."""
+    """For each op, the earlier ops it depends on (transitively), in `local_ssa` form.
+    A variable's last write keeps the name that reads of its value from before the
+    block use, so it also depends on those reads (write after read): moved above one,
+    it would change what that read sees."""
     producer: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}  # ops that read a name's value from before the block
     anc: list[set[int]] = []
     for k, op in enumerate(ops):
         a: set[int] = set()
@@ -60,6 +64,12 @@ def _ancestors(ops: list[Op]) -> list[set[int]]:
             j = producer.get(v)
             if j is not None:
                 a |= anc[j] | {j}
+            else:
+                readers.setdefault(v, []).append(k)
+        for v in op_writes(op):
+            for j in readers.get(v, ()):
+                if j != k:
+                    a |= anc[j] | {j}
         anc.append(a)
         for v in op_writes(op):
             producer[v] = k

@@ -333,3 +333,46 @@ def test_a_call_reading_the_variable_a_sibling_call_assigns(fn, fork):
     f = pcbatch.autobatch(fn, fork=fork)
     d, v = jnp.asarray([0, 1, 2, 3, 5]), jnp.asarray([5, 1, 2, 0, 7])
     np.testing.assert_array_equal(np.asarray(f(d, v)), np.asarray(f.reference(d, v)))
+
+
+# Calls in one block are regrouped around Forks by their dataflow; a variable's last write
+# keeps the name that reads of its value from before the block use, and the regrouping
+# ignored that order (write after read): `t = b` moved below `b = f(...)`, or
+# `y = y + 1` above a call that reads the old y. Wrong values and gradients.
+
+def read_then_call_overwrites(n, b):
+    if n <= 0:
+        return b
+    t = b
+    b = read_then_call_overwrites(0, b * 2 + 5)
+    c = read_then_call_overwrites(0, b)
+    return t * t + c
+
+
+def call_read_then_overwrite(n, b):
+    if n <= 0:
+        return b
+    a = call_read_then_overwrite(0, 1.0)
+    t = b
+    b = call_read_then_overwrite(0, 5.0)
+    return a + t * b
+
+
+def call_then_update_argument(n, y):
+    if n <= 0:
+        return y
+    a = call_then_update_argument(n - 1, y)
+    y = y + 1.0
+    b = call_then_update_argument(0, y)
+    return a + b * y
+
+
+@pytest.mark.parametrize("fork", [True, False, "auto"])
+@pytest.mark.parametrize("fn", [read_then_call_overwrites, call_read_then_overwrite, call_then_update_argument])
+def test_regrouped_calls_keep_write_after_read_order(fn, fork):
+    f = pcbatch.autobatch(fn, fork=fork)
+    n, x = jnp.asarray([1, 1, 2, 0]), jnp.asarray([1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_allclose(np.asarray(f(n, x)), np.asarray(f.reference(n, x)), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.jit(f)(n, x)), np.asarray(f.reference(n, x)), rtol=1e-6)
+    want = jax.grad(lambda v: sum(fn(int(n[i]), v[i]) for i in range(4)))(x)
+    np.testing.assert_allclose(np.asarray(jax.grad(lambda v: f(n, v).sum())(x)), np.asarray(want), rtol=1e-5)
