@@ -6,7 +6,7 @@ function `f0`.  The programs use integer (and some float) arithmetic on a few
 variables, nested `if/elif/else`, `while` loops, `for i in range(a, b, s)` with
 data-dependent bounds and steps (negative steps and zero trips included; a stop or
 step held in a variable that the body may reassign), a call's depth argument held in a
-local that code after the call reads,
+local that code after the call reads, a call's target kept in a local before the call,
 `break`, `continue`, `pass`, early returns (inside loops too), conditional
 expressions, `and`/`or`/`not` (on booleans and, for their value, on ints),
 chained comparisons, augmented assignment, tuple unpacking and tuple returns,
@@ -407,7 +407,14 @@ class _Builder:
                 inner = dataclasses.replace(ctx, guarded=True, nest=ctx.nest + 1)
                 self.emit(inner, f"{a}, {b} = {self.call(inner, callee)}")
         elif kind == "callassign":  # the call writes its target directly, e.g. `a = f0(d - 1, a, b)`
-            self.emit(ctx, f"{wv()} = {self.call_expr(ctx, 'i')}")
+            target = wv()
+            # Sometimes the target's old value is kept first (`v1 = a; a = f0(...)`): a read
+            # that must stay before the call's write however calls are regrouped. Picked
+            # from the text, not drawn.
+            keep = [v for v in self.int_vars(True) if v != target and v.startswith("v")]
+            if keep and zlib.crc32("\n".join(self.lines).encode()) % 3 == 0:
+                self.emit(ctx, f"{keep[len(self.lines) % len(keep)]} = {target}")
+            self.emit(ctx, f"{target} = {self.call_expr(ctx, 'i')}")
         elif kind == "exprcall":
             callee = self.choice(self.callees)
             if ctx.guarded:
