@@ -42,7 +42,7 @@ from dataclasses import replace
 import jax
 import jax.numpy as jnp
 
-from pcbatch.ir.cfg import simplify
+from pcbatch.ir.cfg import closure, simplify
 from pcbatch.ir.core import Await, Block, Branch, Call, Collect, Function, Jump, Launch, Op, Prim, Return, retext, successors
 from pcbatch.ir.dataflow import through_prims, use_def
 
@@ -403,12 +403,4 @@ def launching_functions(functions: tuple[Function, ...]) -> frozenset[str]:
     call (in their own lane) one that does."""
     direct = {f.name for f in functions for b in f.blocks for op in b.ops if isinstance(op, Launch)}
     calls = {f.name: {op.callee for b in f.blocks for op in b.ops if isinstance(op, Call)} for f in functions}
-    out = set(direct)
-    grew = True
-    while grew:
-        grew = False
-        for name, callees in calls.items():
-            if name not in out and callees & out:
-                out.add(name)
-                grew = True
-    return frozenset(out)
+    return frozenset(name for name in calls if closure([name], calls.__getitem__) & direct)

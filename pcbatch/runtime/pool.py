@@ -73,11 +73,16 @@ def ranks_by(dest: jax.Array, targets: list[int], num_blocks: int) -> tuple[jax.
     targets = sorted(set(targets))
     if not targets:
         return jnp.zeros(dest.shape, dest.dtype), jnp.zeros((num_blocks,), dest.dtype)
-    slot = jnp.full(dest.shape, len(targets), dest.dtype)
+    _, rank, added = ranks_by_slot(slot_of(dest, targets), jnp.asarray(targets, dest.dtype), num_blocks)
+    return rank, added
+
+
+def slot_of(dest: jax.Array, targets: list[int], none: int | None = None) -> jax.Array:
+    """Each row's place among `targets`; `none` (default `len(targets)`) where it names none of them."""
+    slot = jnp.full(dest.shape, len(targets) if none is None else none, dest.dtype)
     for k, t in enumerate(targets):
         slot = jnp.where(dest == t, k, slot)
-    _, rank, added = ranks_by_slot(slot, jnp.asarray(targets, dest.dtype), num_blocks)
-    return rank, added
+    return slot
 
 
 def ranks_by_slot(slot: jax.Array, successors: jax.Array, num_blocks: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -433,9 +438,7 @@ class PoolMachine:
             # its place among the block's successors; the step ranks them after the switch.
             dest = jnp.where(valid & (pc >= 0), pc, nb)  # a blocked row (pc < 0) waits on no queue
             dest = jnp.concatenate([pad_rows(dest, N, nb), pad_rows(kid_dest, N * K, nb)])
-            slot = jnp.full(dest.shape, self.num_slots, idx)
-            for k, t in enumerate(self.successors[b]):
-                slot = jnp.where(dest == t, k, slot)
+            slot = slot_of(dest, self.successors[b], self.num_slots)
 
             for s in self.stacks:
                 changes[f"sp:{s}"] = ran.sps[s]
