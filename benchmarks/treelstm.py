@@ -152,6 +152,14 @@ class Row:
         return self.batch / seconds if seconds == seconds and seconds > 0 else float("nan")
 
 
+def cell_summary(row: Row) -> str:
+    """One cell's trees/s in a line (the table comes only at the end)."""
+    parts = [f"{v.label} {row.rate(v.seconds):,.0f}/s" + (f" ({v.steps} steps)" if v.steps else "")
+             for v in row.pc.values()]
+    parts += [f"depth device {row.rate(row.depth_s):,.0f}/s", f"depth+host {row.rate(row.depth_s + row.host_s):,.0f}/s"]
+    return ", ".join(parts)
+
+
 def close(got: Any, want: Any) -> bool:
     g, w = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
     return len(g) == len(w) and all(np.shape(a) == np.shape(b) and
@@ -434,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         for b in batches:
             t0 = time.perf_counter()
             rows.append(measure(h, b, all_trees, variants(b), repeats, min_time, ref_k))
-            print(f"  measured H {h} batch {b} ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
+            print(f"  measured H {h} batch {b} ({time.perf_counter() - t0:.1f}s): {cell_summary(rows[-1])}",
+                  file=sys.stderr, flush=True)  # a run cut off by a deadline (gpu.sh) keeps what it measured
     fj_note = "nary_tree_lstm.with_options(" + ", ".join(["fork=True"] + [f"{k}=..." for k in lane_opts(1)]) + ")"
     rc = print_results(rows, bpn, (fj_note, fork_note))
     widest = max(rows, key=lambda r: r.batch)
