@@ -285,7 +285,7 @@ def _outer_edge(traj, forward):
 def _fresh_acc(edge, H0, step_size, key, adapted_mass):
     return Acc(prop_x=edge.x, prop_g=edge.g, prop_logp=edge.logp,
                log_weight=jnp.full((), -jnp.inf, edge.x.dtype), sum_metro=jnp.zeros((), edge.x.dtype),
-               n_leaves=jnp.int32(0), divergent=jnp.zeros((), bool), H0=H0, step_size=step_size, key=key,
+               n_leaves=jnp.zeros((), _index_dtype()), divergent=jnp.zeros((), bool), H0=H0, step_size=step_size, key=key,
                inv_mass=adapted_mass)
 
 
@@ -345,8 +345,8 @@ def _empty_draws(num_samples, x):
     zeros = lambda shape, dtype: jnp.zeros((num_samples,) + shape, dtype)
     nans = lambda shape: jnp.full((num_samples,) + shape, jnp.nan, x.dtype)
     return _Draws(nans(x.shape), nans(()),
-                  NUTSInfo(nans(()), zeros((), bool), zeros((), bool), zeros((), jnp.int32),
-                           zeros((), jnp.int32), nans(())))
+                  NUTSInfo(nans(()), zeros((), bool), zeros((), bool), zeros((), _index_dtype()),
+                           zeros((), _index_dtype()), nans(())))
 
 
 def _record(draws, j, x, logp, stats):
@@ -394,7 +394,7 @@ class _ProgressBar:
 def _progress_host(i: Any) -> np.ndarray:
     if _PROGRESS:
         _PROGRESS[-1].update(i)
-    return np.zeros(np.shape(i), np.int32)
+    return np.zeros(np.shape(i), _index_dtype())
 
 
 def _report(progress: bool, i: Any) -> Any:
@@ -403,8 +403,8 @@ def _report(progress: bool, i: Any) -> Any:
     added to i so that the callback is not dead code. Batched over lanes it
     is ONE host call."""
     if not progress:
-        return jnp.zeros((), jnp.int32)
-    return jax.pure_callback(_progress_host, jax.ShapeDtypeStruct((), jnp.int32), i, vmap_method="expand_dims")
+        return jnp.zeros((), _index_dtype())
+    return jax.pure_callback(_progress_host, jax.ShapeDtypeStruct((), _index_dtype()), i, vmap_method="expand_dims")
 
 
 def report_intervals(chains: int, num_transitions: int, every: int) -> jax.Array:
@@ -743,6 +743,31 @@ def _concrete(x: Any) -> np.ndarray | None:
     return np.asarray(x)
 
 
+@functools.lru_cache(maxsize=64)
+def _start_values(logdensity_fn: Callable) -> Callable:
+    return jax.jit(jax.vmap(jax.value_and_grad(logdensity_fn)))
+
+
+def _check_start(logdensity_fn: Callable, x: jax.Array) -> None:
+    """A chain whose log density or gradient is not finite where it starts
+    never moves (every proposal's weight is NaN or its own is -inf): a named
+    error, before sampling, where the positions are known."""
+    if _concrete(x) is None:
+        return
+    logp, grad = _start_values(logdensity_fn)(x)
+    logp, grad = np.asarray(logp), np.asarray(grad)
+    bad = ~np.isfinite(logp) | ~np.isfinite(grad).reshape(len(grad), -1).all(axis=1)
+    if bad.any():
+        chains = np.nonzero(bad)[0].tolist()
+        shown = ", ".join(f"chain {c}: log density {logp[c]}" + ("" if np.isfinite(grad[c]).all() else
+                                                                 ", gradient not finite")
+                          for c in chains[:10])
+        raise _invalid(f"the log density or its gradient is not finite at the initial positions of "
+                       f"{len(chains)} chain(s) ({shown})",
+                       "start every chain inside the support, where logdensity_fn and its gradient are "
+                       "finite (e.g. at a draw from the prior, or at zeros of an unconstrained parametrization)")
+
+
 def _raw_keys(keys: Any, chains: int) -> jax.Array:
     """`[chains, 2]` raw keys from as many keys, or from ONE key (split in `chains`)."""
     keys = jnp.asarray(keys) if not isinstance(keys, jax.Array) else keys
@@ -789,8 +814,9 @@ def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matr
         raise _invalid(f"initial_positions must be [chains, dim] (or [dim] with num_chains), got shape {x.shape}")
     if num_chains is not None and x.shape[0] != num_chains:
         raise _invalid(f"num_chains={num_chains} but initial_positions has {x.shape[0]} rows")
-    if x.dtype != jnp.float32:
-        raise _invalid(f"pcbatch.mcmc.nuts runs in float32; got initial_positions of dtype {x.dtype}")
+    if x.dtype not in (jnp.float32, jnp.float64):
+        raise _invalid(f"pcbatch.mcmc.nuts runs in float32 (or float64 under jax_enable_x64); got "
+                       f"initial_positions of dtype {x.dtype}", "cast them: initial_positions.astype(jnp.float32)")
     chains, dim = x.shape
     if chains == 0 or dim == 0:
         raise _invalid(f"initial_positions has shape {x.shape}: NUTS needs at least one chain of at least one "
@@ -846,8 +872,10 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
       logdensity_fn: `x[dim] -> scalar` log density (up to a constant), JAX-traceable.
         Data it needs can be captured by closure. Use the same function object
         across calls to reuse the compiled program.
-      initial_positions: `[chains, dim]` float32, or `[dim]` with `num_chains`
-        (every chain starts there).
+      initial_positions: `[chains, dim]` float32 (float64 under `jax_enable_x64`), or
+        `[dim]` with `num_chains` (every chain starts there). The log density and its
+        gradient must be finite there (checked where the positions are known: not
+        inside your `jit`).
       keys: ONE key (split into one per chain), `[chains, 2]` uint32
         (`jax.random.split(key, chains)`) or `[chains]` typed keys.
       step_size: scalar, or `[chains]`; with `num_warmup`, the starting point of
@@ -930,6 +958,7 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
             raise _invalid(f"progress_every must be at least 1, got {progress_every}")
     args, per_step, per_mass = prepare(initial_positions, keys, step_size, inverse_mass_matrix, total, num_chains,
                                        every, gradient_budget)
+    _check_start(logdensity_fn, args[0])
     prog = sampler(logdensity_fn, num_samples=num_samples, num_warmup=num_warmup, target_accept=target_accept,
                    max_tree_depth=max_tree_depth, leapfrogs_per_leaf=leapfrogs_per_leaf,
                    max_delta_energy=max_delta_energy, uturn_criterion=uturn_criterion,

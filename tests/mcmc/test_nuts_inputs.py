@@ -53,3 +53,37 @@ def test_bad_input_is_a_named_error(positions, kwargs, says):
     with pytest.raises(pcbatch.ArgumentError, match=says) as info:
         nuts.sample(gaussian, positions, KEY, num_samples=3, **kwargs)
     assert isinstance(info.value, ValueError)
+
+
+def half_line(x):
+    """Support x[0] > 0: -inf outside (a user's bounded parameter, unconstrained wrongly)."""
+    return jnp.where(x[0] > 0, -0.5 * jnp.sum(x ** 2), -jnp.inf)
+
+
+def test_a_chain_starting_where_the_density_is_not_finite_is_a_named_error():
+    # Before: chain 1 stayed at -inf for every draw (energy inf), silently.
+    x0 = jnp.ones((3, 2)).at[1, 0].set(-1.0)
+    with pytest.raises(pcbatch.ArgumentError, match=r"1 chain\(s\) \(chain 1: log density -inf\)"):
+        nuts.sample(half_line, x0, KEY, num_samples=3, step_size=0.3)
+    with pytest.raises(pcbatch.ArgumentError, match=r"2 chain\(s\) \(chain 0: log density nan"):
+        nuts.sample(lambda x: jnp.sum(jnp.log(x)), -jnp.ones((2, 2)), KEY, num_samples=3, step_size=0.3)
+    out = nuts.sample(half_line, jnp.ones((3, 2)), KEY, num_samples=3, step_size=0.3)  # inside: runs
+    assert np.isfinite(np.asarray(out.logdensity)).all()
+
+
+def test_float64_under_x64_equals_the_chain_by_chain_python():
+    # Before: "runs in float32" for float64 positions, and int32 draw buffers under x64.
+    with jax.enable_x64(True):
+        x0 = jax.random.normal(jax.random.PRNGKey(3), (3, 2), jnp.float64)
+        args, per_step, per_mass = nuts.prepare(x0, KEY, 0.3, None, 6)
+        prog = nuts.sampler(laplace, num_samples=4, num_warmup=2, per_chain_step_size=per_step,
+                            per_chain_mass=per_mass)
+        out, status = prog.checked(*args)
+        ref = prog.reference(*args)
+        assert not np.asarray(status.overflow).any() and not np.asarray(status.unfinished).any()
+        assert out.position.dtype == jnp.float64 and out.info.num_integration_steps.dtype == jnp.int64
+        np.testing.assert_array_equal(np.asarray(out.info.num_integration_steps),
+                                      np.asarray(ref.info.num_integration_steps))
+        np.testing.assert_allclose(np.asarray(out.position), np.asarray(ref.position), rtol=1e-10, atol=1e-12)
+        sampled = nuts.sample(laplace, x0, KEY, num_samples=4, num_warmup=2, step_size=0.3)
+        assert sampled.position.dtype == jnp.float64 and sampled.num_draws.dtype == jnp.int64
