@@ -75,6 +75,8 @@ class PoolState(NamedTuple):
     free:     the free lanes (`FreeLanes`).
     claim:    [M] scratch: which of a step's rows speaks for a parent.
     work:     [B] blocks run by all of an example's lanes.
+    failed:   [B] 1 + the Fail block where one of an example's lanes failed,
+              0 for none (`Status.failed`); None in a program without Fail.
     peak:     the most lanes in use at once; `steps`, `sched` as `MachineState`.
     """
 
@@ -87,6 +89,7 @@ class PoolState(NamedTuple):
     free: FreeLanes
     claim: jax.Array
     work: jax.Array
+    failed: jax.Array | None
     peak: jax.Array
     steps: jax.Array
     sched: Any
