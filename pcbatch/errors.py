@@ -115,8 +115,10 @@ class ExampleError(PcbatchError):
         parts = []
         for (text, loc), members in groups.items():
             names = ", ".join(map(str, members))
-            parts.append(f"example{'s' if len(members) > 1 else ''} {names}: "
-                         + (f"{text}\n{loc.quote()}" if loc is not None else text))
+            # The quoted line says it where the statement is the whole line; else say what failed too.
+            said = "" if loc is not None and loc.line.strip() == text else f" {text}"
+            parts.append(f"example{'s' if len(members) > 1 else ''} {names}:{said}"
+                         + (f"\n{loc.quote()}" if loc is not None else ""))
         more = "" if len(examples) <= 10 else f"\n(and {len(examples) - 10} more)"
         super().__init__(
             f"{len(examples)} example(s) failed where Python raises:\n" + "\n".join(parts) + more + "\n"

@@ -476,11 +476,23 @@ class Converter:
         self.here(node)
         self.terminate(Return(var, self.loc(node)))
 
+    def statement_text(self, node: ast.stmt) -> str:
+        """`node` as the user wrote it where it is the only statement on its line
+        (comments dropped), else as `ast.unparse` writes it."""
+        line = self.loc(node).line.strip()
+        try:
+            parsed = ast.parse(line).body if node.lineno == node.end_lineno else []
+        except SyntaxError:
+            parsed = []
+        if len(parsed) == 1 and type(parsed[0]) is type(node):
+            return ast.get_source_segment(line, parsed[0]) or ast.unparse(node)
+        return ast.unparse(node)
+
     def visit_Raise(self, node: ast.Raise) -> None:
         """The example fails here (reported per example, quoting this line); the
         raised value is never built: only the line says what Python would raise."""
         self.here(node)
-        self.terminate(Fail(ast.unparse(node), self.loc(node)))
+        self.terminate(Fail(self.statement_text(node), self.loc(node)))
 
     def visit_Assert(self, node: ast.Assert) -> None:
         """A branch to a block that fails (the message is not evaluated: the
@@ -488,9 +500,9 @@ class Converter:
         known = self.constant_test(node.test)
         if known is False:  # `assert False`: a raise
             self.here(node)
-            self.terminate(Fail(ast.unparse(node), self.loc(node)))
+            self.terminate(Fail(self.statement_text(node), self.loc(node)))
         elif known is None:
-            self.fail_unless(node.test, ast.unparse(node), node)
+            self.fail_unless(node.test, self.statement_text(node), node)
 
     def fail_unless(self, test: ast.expr, text: str, node: ast.AST) -> None:
         """Go on where `test` holds; elsewhere the example fails (a `Fail` quoting `text`)."""

@@ -89,15 +89,15 @@ def guarded(n):
 def test_a_fail_prints_as_one_line_with_its_source():
     text = str(guarded.ir())
     line = guarded.fn.__code__.co_firstlineno + 4
-    assert f"fail  # raise ValueError('negative')  ({__file__}:{line})" in text
-    assert f"fail  # assert n != 3, 'not three'  ({__file__}:{line - 2})" in text
+    assert f'fail  # raise ValueError("negative")  ({__file__}:{line})' in text
+    assert f'fail  # assert n != 3, "not three"  ({__file__}:{line - 2})' in text
     assert "fail  # raise" in str(guarded.lowered(jnp.arange(3)))
 
 
 def test_interpreters_stop_at_a_fail():
     prog = guarded.lowered(jnp.arange(3))
     fails = {i: b.term for i, b in enumerate(prog.blocks) if isinstance(b.term, Fail)}
-    for n, text in ((3, "assert n != 3, 'not three'"), (-2, "raise ValueError('negative')")):
+    for n, text in ((3, 'assert n != 3, "not three"'), (-2, 'raise ValueError("negative")')):
         trace = run_stack_program(prog, {prog.entry_params[0]: np.int32(n)})
         assert trace.finished and trace.result is None and fails[trace.failed].text == text
         assert trace.blocks[-1] == trace.failed

@@ -94,8 +94,8 @@ def test_guard_clauses_fail_only_their_examples(fork):
     # Which Fail: the line each example stopped at.
     lowered = f.lowered(X, N)
     texts = {i: lowered.blocks[int(k) - 1].term.text for i, k in enumerate(np.asarray(status.failed)) if k}
-    assert texts == {1: "raise ValueError('negative')", 2: "assert n != 3, 'n must not be 3'",
-                     3: "assert x < 100.0", 6: "raise ValueError('negative')"}
+    assert texts == {1: 'raise ValueError("negative")', 2: 'assert n != 3, "n must not be 3"',
+                     3: "assert x < 100.0", 6: 'raise ValueError("negative")'}
     message = check_eager_error(f, (X, N), raises, 'raise ValueError("negative")')
     assert 'assert n != 3, "n must not be 3"' in message and "assert x < 100.0" in message
     check_jit(f, (X, N), raises, np.asarray(out)[~raises])
