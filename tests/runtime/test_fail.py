@@ -202,6 +202,26 @@ def test_raise_in_a_loop_forked_callee():
     check_jit(child_walk, (children, labels, roots), raises, np.asarray(out)[~raises])
 
 
+@pcbatch.autobatch(in_axes=(None, None, 0), fork=True, max_stack_depth=64, max_lanes=256)
+def checked_walk(children, labels, node):
+    """An assert inside the forked loop: its launch loop stops there, the collect loop fails in order."""
+    total = labels[node].astype(jnp.float32) * 1e-3
+    for j in range(jnp.sum(children[node] >= 0)):
+        assert labels[children[node, j]] >= 0, "a negative child"
+        total = total * 0.9 + checked_walk(children, labels, children[node, j])
+    return total
+
+
+def test_assert_inside_a_forked_loop():
+    children, roots = forest(5, 8, 12, 3)
+    labels = np.arange(children.shape[0], dtype=np.int32)
+    labels[np.asarray(children)[roots[3], 1]] = -1
+    labels[np.asarray(children)[roots[5], 0]] = -1
+    labels, roots = jnp.asarray(labels), jnp.asarray(roots)
+    assert any("a loop fork" in note for note in checked_walk.ir().notes)
+    check_differential(checked_walk, (roots,), (children, labels), expect_failed=[3, 5])
+
+
 # --- range() with a step of 0 at run time ------------------------------------
 
 
@@ -240,38 +260,36 @@ def lambda_free_range(n):
 # --- gradients ----------------------------------------------------------------
 
 
-def smooth(x, n):
-    if n < 0:
-        raise ValueError("negative")
-    y = x
-    for i in range(n):
-        y = jnp.sin(y) * x + 0.1 * i
-    return y
+def smooth(x, n, bad):
+    if n == bad:
+        raise ValueError("reached the bad value")
+    if n <= 1:
+        return jnp.sin(x)
+    return smooth(x * 0.9, n - 1, bad) * 0.5 + smooth(x, n - 2, bad)
+
+
+def python_smooth(x, n):
+    return jnp.sin(x) if n <= 1 else python_smooth(x * 0.9, n - 1) * 0.5 + python_smooth(x, n - 2)
 
 
 @pytest.mark.parametrize("fork", [False, True], ids=["plain", "fork"])
 def test_gradients_are_nan_for_failed_examples_only(fork):
-    f = pcbatch.autobatch(smooth, fork=fork, max_lanes=64)
-    x = jnp.asarray([0.3, 0.7, -0.2, 1.1])
-    n = jnp.asarray([3, -1, 4, 2], jnp.int32)
+    f = pcbatch.autobatch(smooth, fork=fork, max_lanes=256)
+    x = jnp.asarray([0.3, 0.7, -0.2, 1.1, 0.5])
+    n = jnp.asarray([5, 6, 4, 3, 6], jnp.int32)
+    bad = jnp.asarray([-1, 6, -1, 1, -1], jnp.int32)  # example 1 fails at its root, 3 in a callee
+    assert f.lowered(x, n, bad).has_forks == fork
+    good = np.asarray([0, 2, 4])
 
     def loss(x):
-        out, _ = f.checked(x, n)
+        out, _ = f.checked(x, n, bad)
         return jnp.sum(out)
 
-    grad = np.asarray(jax.grad(loss)(x))
-    assert np.isnan(grad[1]) and np.isfinite(grad[[0, 2, 3]]).all()
-    ref = [float(jax.grad(python_smooth)(x[i], int(k))) for i, k in enumerate(n) if k >= 0]
-    np.testing.assert_allclose(grad[[0, 2, 3]], ref, rtol=1e-5)
+    want = [float(jax.grad(python_smooth)(x[i], int(n[i]))) for i in good]
+    for grad in (jax.grad(loss)(x), jax.jit(jax.grad(lambda x: jnp.sum(f(x, n, bad))))(x)):
+        grad = np.asarray(grad)
+        assert np.isnan(grad[[1, 3]]).all()
+        np.testing.assert_allclose(grad[good], want, rtol=1e-5)
     with pytest.raises(pcbatch.ExampleError) as info:  # eager jax.grad of the plain call raises
-        jax.grad(lambda x: jnp.sum(f(x, n)))(x)
-    assert info.value.examples == [1]
-    jitted = np.asarray(jax.jit(jax.grad(lambda x: jnp.sum(f(x, n))))(x))
-    assert np.isnan(jitted[1]) and np.isfinite(jitted[[0, 2, 3]]).all()
-
-
-def python_smooth(x, n):
-    y = x
-    for i in range(n):
-        y = jnp.sin(y) * x + 0.1 * i
-    return y
+        jax.grad(lambda x: jnp.sum(f(x, n, bad)))(x)
+    assert info.value.examples == [1, 3]
