@@ -107,7 +107,7 @@ class ExampleError(PcbatchError):
 
     def __init__(self, examples: list[int], where: dict[int, tuple[str, Loc | None]]):
         self.examples = examples
-        self.where = where  # example -> (the statement, or what went wrong; its line)
+        self.where = where  # example -> (the statement, or what went wrong; its line), for those listed
         shown = examples[:10]
         groups: dict[tuple[str, Loc | None], list[int]] = {}
         for i in shown:

@@ -14,8 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from pcbatch.ir.core import (Await, Branch, Collect, Fail, Fork, Join, Jump, Launch, Peek, Pop, Prim, Program, Push, PushJump,
-                             Return, StackProgram, Update)
+from pcbatch.ir.core import (Await, Branch, Collect, Fail, Fork, Join, Jump, Launch, Peek, Pop, Prim, Program, Push,
+                             PushJump, Return, StackProgram, Update)
 
 
 class ExampleFailed(Exception):

@@ -630,7 +630,6 @@ class PoolMachine:
     def _flag_failed(failed: jax.Array, examples: jax.Array, block: jax.Array) -> jax.Array:
         """The examples of a step's lanes at a Fail block (`examples`: B where none) are
         failed there (1 + the block), unless an earlier Fail already flagged them."""
-        B = failed.shape[0]
         before = failed.at[examples].get(mode="fill", fill_value=0)
         return failed.at[examples].set(jnp.where(before == 0, block + 1, before).astype(failed.dtype), mode="drop")
 
