@@ -8,6 +8,7 @@ from pcbatch.options import Options
 from pcbatch.runtime.options import Tuning
 from pcbatch.errors import (
     ArgumentError,
+    ExampleError,
     ForwardModeError,
     MaxStepsExceededError,
     MaybeUnboundWarning,
@@ -25,6 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArgumentError",
     "Autobatched",
+    "ExampleError",
     "ForwardModeError",
     "MaxStepsExceededError",
     "MaybeUnboundWarning",

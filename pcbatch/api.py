@@ -117,13 +117,14 @@ class Autobatched:
         bound = self._bind(args, kwargs)
         result, status, prog, batch = self._run(bound, raise_errors=True)
         if any(differentiation.is_tracer(x) for x in tree_util.tree_leaves((result, status))):
-            return failures.check_in_trace(result, status)
+            return failures.check_in_trace(result, status, prog)
         failures.raise_for(status, prog, bound, self.options)
         return result
 
     def checked(self, *args: Any, **kwargs: Any) -> tuple[Any, Status]:
         """Like calling, but returns `(result, status)` instead of raising, so it
-        can be used inside `jax.jit`: `status.overflow` and `status.unfinished` are
+        can be used inside `jax.jit`: `status.overflow`, `status.unfinished` and
+        `status.failed` (where Python raises: 1 + the `Fail` block, else 0) are
         per-example flags; results of flagged examples are not meaningful."""
         result, status, _, _ = self._run(self._bind(args, kwargs))
         return result, status

@@ -101,6 +101,32 @@ class MaxStepsExceededError(PcbatchError):
         )
 
 
+class ExampleError(PcbatchError):
+    """Some examples reached a `raise`, a failed `assert` or a `range()` step
+    of 0: where Python raises. The other examples' results were computed."""
+
+    def __init__(self, examples: list[int], where: dict[int, tuple[str, Loc | None]]):
+        self.examples = examples
+        self.where = where  # example -> (the statement, or what went wrong; its line), for those listed
+        shown = examples[:10]
+        groups: dict[tuple[str, Loc | None], list[int]] = {}
+        for i in shown:
+            groups.setdefault(where[i], []).append(i)
+        parts = []
+        for (text, loc), members in groups.items():
+            names = ", ".join(map(str, members))
+            # The quoted line says it where the statement is the whole line; else say what failed too.
+            said = "" if loc is not None and loc.line.strip() == text else f" {text}"
+            parts.append(f"example{'s' if len(members) > 1 else ''} {names}:{said}"
+                         + (f"\n{loc.quote()}" if loc is not None else ""))
+        more = "" if len(examples) <= 10 else f"\n(and {len(examples) - 10} more)"
+        super().__init__(
+            f"{len(examples)} example(s) failed where Python raises:\n" + "\n".join(parts) + more + "\n"
+            "Hint: Python raises here for these examples; the other examples' results were computed: "
+            "call `f.checked(...)` to get them with the flags (`status.failed`)."
+        )
+
+
 class TapeOverflowError(PcbatchError):
     """A differentiated call recorded more than its gradient tape holds and
     the tape may not grow (inside `jit` this is a checkify error and NaN

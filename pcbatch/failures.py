@@ -1,6 +1,8 @@
 """What a run's status says went wrong, told to the caller.
 
-Outside `jit` a call raises a named error (`raise_for`): `StackOverflowError`
+Outside `jit` a call raises a named error (`raise_for`): `ExampleError` where
+examples reached a `raise`/`assert` (quoting its line; reported first: a
+failed example's later overflow says nothing), `StackOverflowError`
 with how deep the overflowing examples need to go (a short replay in the
 reference interpreter, `depths_needed`), or `MaxStepsExceededError` with
 where the unfinished examples stopped. Inside `jit` Python cannot raise:
@@ -18,8 +20,8 @@ import numpy as np
 from jax.experimental import checkify
 
 from pcbatch.arguments import Bound
-from pcbatch.errors import MaxStepsExceededError, StackOverflowError
-from pcbatch.ir.core import StackProgram
+from pcbatch.errors import ExampleError, MaxStepsExceededError, StackOverflowError
+from pcbatch.ir.core import Fail, StackProgram
 from pcbatch.ir.interpret import run_stack_program
 from pcbatch.options import Options
 from pcbatch.runtime import Status
@@ -39,6 +41,10 @@ def example_inputs(prog: StackProgram, bound: Bound, i: int) -> dict[str, Any]:
 
 def raise_for(status: Status, prog: StackProgram | None, bound: Bound, options: Options) -> None:
     """Raise the named error for the examples `status` flags, if any."""
+    failed_at = np.asarray(status.failed)
+    failed = np.nonzero(failed_at)[0].tolist()
+    if failed:
+        raise ExampleError(failed, {i: fail_source(prog, int(failed_at[i]) - 1) for i in failed[:10]})
     overflow = np.nonzero(np.asarray(status.overflow))[0].tolist()
     if overflow:
         raise StackOverflowError(overflow, options.max_stack_depth,
@@ -56,6 +62,12 @@ def raise_for(status: Status, prog: StackProgram | None, bound: Bound, options: 
             where.append(f"example {i} " + ("waiting for its forked calls, then " if waiting else "")
                          + f"at b{pc} ({block.label}" + (f", {block.loc}" if block.loc else "") + ")")
         raise MaxStepsExceededError(unfinished, options.max_steps, where)
+
+
+def fail_source(prog: StackProgram, block: int) -> tuple[str, Any]:
+    """What block `block`'s `Fail` quotes: its text and line."""
+    term = prog.blocks[block].term
+    return (term.text, term.loc) if isinstance(term, Fail) else (f"block b{block}", None)
 
 
 def depths_needed(prog: StackProgram, bound: Bound, overflow: list[int], max_stack_depth: int) -> dict[int, str]:
@@ -79,13 +91,22 @@ def depths_needed(prog: StackProgram, bound: Bound, overflow: list[int], max_sta
     return needed
 
 
-def check_in_trace(result: Any, status: Status) -> Any:
+def check_in_trace(result: Any, status: Status, prog: StackProgram | None = None) -> Any:
     """Inside jit we cannot raise: report through checkify (debug checks are
     functionalized by `checkify.checkify`), poison failed examples' floats
-    with NaN and set their other results to 0 (never a half-computed value)."""
+    with NaN and set their other results to 0 (never a half-computed value).
+    With `prog`, one check per `Fail` quotes its line."""
+    if prog is None:
+        checkify.check(~jnp.any(status.failed != 0), "pcbatch: some examples failed where Python raises", debug=True)
+    for b in prog.fail_blocks if prog is not None else ():
+        text, loc = fail_source(prog, b)
+        said = f"{text} ({loc}: {loc.line.strip()})" if loc is not None else text
+        said = said.replace("{", "{{").replace("}", "}}")  # checkify formats the message
+        checkify.check(~jnp.any(status.failed == b + 1), f"pcbatch: Python raises here for some examples: {said}",
+                       debug=True)
     checkify.check(~jnp.any(status.overflow), "pcbatch: recursion deeper than max_stack_depth", debug=True)
     checkify.check(~jnp.any(status.unfinished), "pcbatch: max_steps exceeded", debug=True)
-    failed = status.overflow | status.unfinished
+    failed = status.overflow | status.unfinished | (status.failed != 0)
 
     def poison(x):
         bad = jnp.nan if jnp.issubdtype(x.dtype, jnp.inexact) else 0

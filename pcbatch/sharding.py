@@ -161,12 +161,12 @@ class BatchSharding:
                 cut = lambda x: self._replicate(x)[:batch]  # noqa: E731
                 result = tree_map(cut, result)
                 status = status._replace(**{f: cut(getattr(status, f))
-                                            for f in ("overflow", "unfinished", "pc", "blocks_run")})
+                                            for f in ("overflow", "unfinished", "failed", "pc", "blocks_run")})
             elif self.multi_process:
                 # Every process reads the per-example flags to raise the same
                 # error for the same examples; a small all-gather after the loop.
                 status = status._replace(**{f: self._replicate(getattr(status, f))
-                                            for f in ("overflow", "unfinished", "pc", "blocks_run")})
+                                            for f in ("overflow", "unfinished", "failed", "pc", "blocks_run")})
             status = status._replace(steps=jnp.max(status.steps), peak_lanes=jnp.sum(status.peak_lanes))
             return result, status, workspace
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 from pcbatch.errors import Loc, MaybeUnboundWarning, UnsupportedSyntaxError
 from pcbatch.frontend.compile_ops import BoolRewriter, OpCompiler
 from pcbatch.ir.cfg import simplify
-from pcbatch.ir.core import Block, Branch, Call, Function, Jump, Op, Prim, Return
+from pcbatch.ir.core import Block, Branch, Call, Fail, Function, Jump, Op, Prim, Return
 from pcbatch.ir.dataflow import maybe_unbound
 
 # resolve(obj) -> (IR name, signature) when obj is an autobatched function.
@@ -32,8 +32,6 @@ _HINTS: dict[type, tuple[str, str]] = {
     ast.With: ("`with` is not supported", "move the context manager outside the autobatched function."),
     ast.AsyncWith: ("`async with` is not supported", "use plain synchronous code."),
     ast.AsyncFor: ("`async for` is not supported", "use `for i in range(...)`."),
-    ast.Raise: ("`raise` is not supported", "return a status value, or use jax.experimental.checkify outside."),
-    ast.Assert: ("`assert` is not supported", "return a status value, or use jax.experimental.checkify outside."),
     ast.Global: ("`global` is not supported", "pass the value in as an argument and return the new value."),
     ast.Nonlocal: ("`nonlocal` is not supported", "pass the value in as an argument and return the new value."),
     ast.Delete: ("`del` is not supported", "just stop using the variable."),
@@ -478,6 +476,45 @@ class Converter:
         self.here(node)
         self.terminate(Return(var, self.loc(node)))
 
+    def statement_text(self, node: ast.stmt) -> str:
+        """`node` as the user wrote it where it is the only statement on its line
+        (comments dropped), else as `ast.unparse` writes it."""
+        line = self.loc(node).line.strip()
+        try:
+            parsed = ast.parse(line).body if node.lineno == node.end_lineno else []
+        except SyntaxError:
+            parsed = []
+        if len(parsed) == 1 and type(parsed[0]) is type(node):
+            return ast.get_source_segment(line, parsed[0]) or ast.unparse(node)
+        return ast.unparse(node)
+
+    def visit_Raise(self, node: ast.Raise) -> None:
+        """The example fails here (reported per example, quoting this line); the
+        raised value is never built: only the line says what Python would raise."""
+        self.here(node)
+        self.terminate(Fail(self.statement_text(node), self.loc(node)))
+
+    def visit_Assert(self, node: ast.Assert) -> None:
+        """A branch to a block that fails (the message is not evaluated: the
+        error quotes the line)."""
+        known = self.constant_test(node.test)
+        if known is False:  # `assert False`: a raise
+            self.here(node)
+            self.terminate(Fail(self.statement_text(node), self.loc(node)))
+        elif known is None:
+            self.fail_unless(node.test, self.statement_text(node), node)
+
+    def fail_unless(self, test: ast.expr, text: str, node: ast.AST) -> None:
+        """Go on where `test` holds; elsewhere the example fails (a `Fail` quoting `text`)."""
+        cond = self.atom(test)
+        ok = self.new_block("ok", self.loc(node))
+        fail = self.new_block("fail", self.loc(node))
+        self.here(node)
+        self.terminate(Branch(cond, ok, fail, self.loc(node)))
+        self.cur = fail
+        self.terminate(Fail(text, self.loc(node)))
+        self.cur = ok
+
     def constant_test(self, test: ast.expr) -> bool | None:
         """The truth value of a literal condition (`while True:`), else None."""
         return bool(test.value) if isinstance(test, ast.Constant) else None
@@ -549,6 +586,9 @@ class Converter:
         counter = self.temp()
         self.assign(counter, self.flatten(start), node)
         stop_v, step_v = self.snapshot(stop), self.snapshot(step)
+        if sign is None and not self._static_int(step):  # Python's range() raises ValueError on a 0 step
+            nonzero = ast.Compare(ast.Name(step_v, ast.Load()), [ast.NotEq()], [ast.Constant(0)])
+            self.fail_unless(ast.fix_missing_locations(ast.copy_location(nonzero, node)), "range() step is 0", node)
         header = self.new_block("for.header", self.loc(node))
         body = self.new_block("for.body", self.loc(node.body[0]))
         latch = self.new_block("for.next", self.loc(node))

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from pcbatch.ir.cfg import closure, simplify
-from pcbatch.ir.core import Await, Block, Branch, Call, Collect, Function, Jump, Launch, Op, Prim, Return, retext, successors
+from pcbatch.ir.core import Await, Block, Branch, Call, Collect, Fail, Function, Jump, Launch, Op, Prim, Return, retext, successors
 from pcbatch.ir.dataflow import through_prims, use_def
 
 _LAUNCH = "%launch"  # suffix of the launch loop's copies of the loop's variables
@@ -197,7 +197,7 @@ class _Loops:
                 through = "" if re.match(r"_+t\d+$", t.cond.rpartition(".")[2]) else f" (through `{t.cond}`)"
                 return (f"{where}: the branch{_line(t.loc)} depends on a call's result{through}, "
                         "so the calls it makes are not known in advance: they run one after another")
-            if not isinstance(t, (Jump, Branch, Return)):
+            if not isinstance(t, (Jump, Branch, Return, Fail)):
                 return f"{where} ends a block in {type(t).__name__}: its calls run one after another"
         # What the launch loop needs: its branches, the launched calls' arguments, and what they are made of.
         need = {blocks[i].term.cond for i in region if isinstance(blocks[i].term, Branch)}
@@ -230,7 +230,7 @@ class _Loops:
                 t = Jump(copy_of.get(t.target, wait))
             elif isinstance(t, Branch):
                 t = replace(t, cond=rn(t.cond), true=copy_of.get(t.true, wait), false=copy_of.get(t.false, wait))
-            else:  # Return: the collect loop returns at the same point
+            else:  # Return, Fail: the collect loop returns (or fails) at the same point, after what came before
                 t = Jump(wait)
             blocks.append(Block(f"{b.label}.launch", tuple(launch_ops), t, b.loc))
         # The wait also tests the loop's condition (it reads nothing the children compute): one step fewer.

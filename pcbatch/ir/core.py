@@ -195,7 +195,18 @@ class Await:
     false: int | None = None
 
 
-Terminator = Union[Jump, Branch, Return, PushJump, Fork, Await]
+@dataclass(frozen=True)
+class Fail:
+    """Where Python raises (`raise`, a failed `assert`, `range()` with step 0):
+    the lane's example stops and is reported failed, quoting `text` (the
+    statement, or what went wrong) at `loc`. No successors: nothing runs after
+    it, and nothing is live there."""
+
+    text: str
+    loc: Loc | None = field(default=None, compare=False)
+
+
+Terminator = Union[Jump, Branch, Return, PushJump, Fork, Await, Fail]
 
 
 # --- containers ----------------------------------------------------------
@@ -288,6 +299,11 @@ class StackProgram:
         return any(isinstance(b.term, Fork) for b in self.blocks) or self.has_launches
 
     @cached_property
+    def fail_blocks(self) -> tuple[int, ...]:
+        """The blocks that end in `Fail` (the machine flags an example that runs one)."""
+        return tuple(b for b, blk in enumerate(self.blocks) if isinstance(blk.term, Fail))
+
+    @cached_property
     def has_launches(self) -> bool:
         return any(isinstance(op, Launch) for b in self.blocks for op in b.ops)
 
@@ -339,7 +355,8 @@ def term_reads(term: Terminator) -> tuple[str, ...]:
 
 
 def successors(term: Terminator) -> tuple[int, ...]:
-    """Intra-function successors (a PushJump continues at `ret` after the call)."""
+    """Intra-function successors (a PushJump continues at `ret` after the call;
+    a Return and a Fail have none)."""
     if isinstance(term, Jump):
         return (term.target,)
     if isinstance(term, Branch):

@@ -14,8 +14,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from pcbatch.ir.core import (Await, Branch, Collect, Fork, Join, Jump, Launch, Peek, Pop, Prim, Program, Push, PushJump,
-                             Return, StackProgram, Update)
+from pcbatch.ir.core import (Await, Branch, Collect, Fail, Fork, Join, Jump, Launch, Peek, Pop, Prim, Program, Push,
+                             PushJump, Return, StackProgram, Update)
+
+
+class ExampleFailed(Exception):
+    """`run_program` reached a `Fail` (where Python raises): `fail` is it."""
+
+    def __init__(self, fail: Fail):
+        self.fail = fail
+        super().__init__(fail.text)
 
 
 def _truthy(x: Any) -> bool:
@@ -23,7 +31,8 @@ def _truthy(x: Any) -> bool:
 
 
 def run_program(program: Program, *args: Any) -> Any:
-    """Run the entry function of a Figure 2 program on one example."""
+    """Run the entry function of a Figure 2 program on one example; raises
+    `ExampleFailed` where it reaches a `Fail`."""
     functions = {f.name: f for f in program.functions}
 
     def call(name: str, values: tuple) -> Any:
@@ -57,6 +66,8 @@ def run_program(program: Program, *args: Any) -> Any:
                 for c in t.calls:
                     env[c.out] = call(c.callee, tuple(env[a] for a in c.args))
                 block = f.blocks[t.join]
+            elif isinstance(t, Fail):
+                raise ExampleFailed(t)
             else:
                 block = f.blocks[t.true if _truthy(env[t.cond]) else t.false]
 
@@ -70,7 +81,8 @@ class Trace:
     `parents[i]` are the executions block `blocks[i]` waited for (indices into
     `blocks`): the lane's previous block, or for a lane's first block the Fork
     that started it; a Join waits for its lane's Fork and each child's last
-    block. Without forks this is a chain.
+    block. Without forks this is a chain. `failed`: the block ending in `Fail`
+    the example stopped at (where Python raises; `result` is then None).
     """
 
     result: Any
@@ -78,6 +90,7 @@ class Trace:
     parents: list[tuple[int, ...]] = field(default_factory=list)
     max_depth: int = 1
     finished: bool = True
+    failed: int | None = None
 
 
 def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int | None = None,
@@ -94,7 +107,8 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
     depth bounds what any schedule needs). Stops early, with `finished=False`,
     after `max_steps` blocks or on reaching `max_depth` frames (the depth the
     machine would have needed is then at least `max_depth + 1`), or at the
-    `time.monotonic()` `deadline`."""
+    `time.monotonic()` `deadline`. A `Fail` (in any of its lanes) ends the
+    example there: `failed` names its block."""
     env: dict[str, Any] = dict(inputs)
     for op in prog.prelude:
         env.update(zip(op.outs, op.fn(*(env[v] for v in op.ins))))
@@ -174,6 +188,9 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
                 children = [child for child, _ in ran]
                 waits = (node, *(last for _, last in ran))
                 pc = t.join
+            elif isinstance(t, Fail):
+                trace.failed = pc
+                raise Stop
             else:
                 pc = pc_stack.pop() if prog.has_calls else halt
         return env, node
@@ -181,5 +198,5 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
     try:
         trace.result = lane(prog.entry_block, env, ())[0].get(prog.result)
     except Stop:
-        trace.finished = False
+        trace.finished = trace.failed is not None  # a Fail ends the example; otherwise it stopped early
     return trace

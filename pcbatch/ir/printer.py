@@ -21,6 +21,7 @@ from pcbatch.ir.core import (
     Branch,
     Call,
     Collect,
+    Fail,
     Fork,
     Join,
     Jump,
@@ -187,6 +188,8 @@ def _format_term(term: Terminator, names: _Names, function_of: Sequence[str] | N
         if term.cond is None:
             return f"await children, then b{term.target}"
         return f"await children, then {names(term.cond)} ? b{term.target} : b{term.false}"
+    if isinstance(term, Fail):
+        return f"fail  # {term.text}" + (f"  ({term.loc})" if term.loc else "")
     raise TypeError(term)
 
 

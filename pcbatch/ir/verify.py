@@ -8,6 +8,7 @@ from pcbatch.ir.core import (
     Await,
     Call,
     Collect,
+    Fail,
     Fork,
     Join,
     Launch,
@@ -37,6 +38,8 @@ def _check(cond: bool, message: str) -> None:
 def _check_targets(blocks: tuple[Block, ...], where: str) -> None:
     for i, b in enumerate(blocks):
         _check(b.term is not None, f"{where} b{i} has no terminator")
+        if isinstance(b.term, Fail):  # the error quotes it
+            _check(bool(b.term.text), f"{where} b{i}: a Fail without its text")
         for s in successors(b.term):
             _check(0 <= s < len(blocks), f"{where} b{i} jumps to missing block b{s}")
 

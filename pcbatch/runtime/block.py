@@ -24,6 +24,7 @@ from pcbatch.ir.core import (
     Block,
     Branch,
     Collect,
+    Fail,
     Fork,
     Join,
     Jump,
@@ -48,12 +49,14 @@ tree_map = jax.tree_util.tree_map
 
 class Codes(NamedTuple):
     """The pcs a lane can hold besides blocks: halted (its example's result
-    is ready), overflowed (halted: recursion deeper than the stacks) and done
-    (a fork-join child whose bottom frame returned)."""
+    is ready), overflowed (halted: recursion deeper than the stacks), done
+    (a fork-join child whose bottom frame returned) and failed (halted where
+    Python raises: `failed + b` after the `Fail` ending block b)."""
 
     halt: int
     overflowed: int
     done: int
+    failed: int
 
 
 class Rows(NamedTuple):
@@ -162,11 +165,13 @@ def no_writes(stacks: dict[str, Any], lanes: int, depth: int) -> dict[str, tuple
 
 def execute(block: Block, stack_of: dict[str, str], stacks: dict[str, Any], types: Any,
             read: Callable, top: Callable, join: Callable | None, rows: Rows, codes: Codes,
-            depth: int, lanes: int, prims: dict[int, Any] | None = None, launch: Callable | None = None) -> Ran:
-    """Run `block` on `lanes` rows (see `Rows`, `Ran`). `read(v)` gives a
-    variable's `(value, batched)` before the block, `top(s)` stack `s`'s top,
-    `join(op)` a Join's children's return values; `depth` is the stacks'
-    depth (a pointer reaching it overflows)."""
+            depth: int, lanes: int, prims: dict[int, Any] | None = None, launch: Callable | None = None,
+            index: int | None = None) -> Ran:
+    """Run `block` (block `index` of its program: a `Fail` halts lanes at
+    `codes.failed + index`) on `lanes` rows (see `Rows`, `Ran`). `read(v)`
+    gives a variable's `(value, batched)` before the block, `top(s)` stack
+    `s`'s top, `join(op)` a Join's children's return values; `depth` is the
+    stacks' depth (a pointer reaching it overflows)."""
     idx = index_dtype()
     valid = rows.valid
     env, pushed = block_dataflow(block, stack_of, read, top, join, types, lanes, prims, launch)
@@ -206,6 +211,12 @@ def execute(block: Block, stack_of: dict[str, str], stacks: dict[str, Any], type
             pc_sp = jnp.where(valid & ~bottom, pc_sp - 1, pc_sp)
         finished = valid & bottom & rows.child
         pc = jnp.where(finished, codes.done, pc).astype(idx)
+    elif isinstance(term, Fail):
+        if index is None:
+            raise ValueError("a block ending in Fail runs only with its index")
+        # A child finishes (its example is flagged by the pool); any other lane halts, failed.
+        finished = valid & rows.child
+        pc = jnp.broadcast_to(jnp.where(rows.child, codes.done, codes.failed + index), (lanes,)).astype(idx)
     elif not isinstance(term, Fork):
         raise TypeError(f"unknown terminator {term!r}")
     return Ran(env, pc, sps, pc_sp, writes, pc_write, overflow, finished)

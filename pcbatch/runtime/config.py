@@ -15,7 +15,10 @@ class Status(NamedTuple):
     `unfinished` (still running when `max_steps` ran out), the final pc of its
     root lane (`-1 - b` while it waits for forked calls before block b), the
     number of VM steps taken, the blocks run by all of each example's lanes,
-    and the most lanes in use at once (fork-join; otherwise the batch size)."""
+    the most lanes in use at once (fork-join; otherwise the batch size), and
+    `failed`: where the example reached a `raise`, a failed `assert` or a
+    `range()` step of 0 (Python raises there), 0 for none, else 1 + the index
+    of the block ending in that `Fail` (`StackProgram.blocks`); index dtype."""
 
     overflow: jax.Array
     unfinished: jax.Array
@@ -23,6 +26,7 @@ class Status(NamedTuple):
     steps: jax.Array
     blocks_run: jax.Array
     peak_lanes: jax.Array
+    failed: jax.Array
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,8 @@ class Machine:
         self.scheduler = bind(config.scheduler, prog)
         self.halt = prog.num_blocks
         self.overflowed = prog.num_blocks + 1  # a halted lane whose recursion overflowed
-        self.codes = Codes(self.halt, self.overflowed, prog.num_blocks + 2)
+        # A lane that fails at block b halts at `failed + b` (the status reads b from its pc).
+        self.codes = Codes(self.halt, self.overflowed, prog.num_blocks + 2, prog.num_blocks + 3)
         self.lane_ids = jnp.arange(num_lanes, dtype=index_dtype())
         # A lane slot for every value that crosses a block boundary; a stacked
         # variable that is only ever restored and used within one block needs none.
@@ -195,7 +196,7 @@ class Machine:
             # `stacks` holds each stack's top per lane (gathered before the switch), not the stack.
             rows = Rows(active, self.layout.pointers(lane_state["sps"]), lane_state.get("pc_sp"), stacks.get(PC), False)
             ran = execute(block, self.stack_of, self.stacks, types, load, stacks.__getitem__, None, rows,
-                          self.codes, D, L, prims)
+                          self.codes, D, L, prims, index=b)
             writes = dict(ran.stack_writes)
             if prog.has_calls:
                 writes[PC] = ran.pc_write or (jnp.full((L,), D, idx), jnp.zeros((L,), idx))
@@ -344,8 +345,10 @@ class Machine:
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)
         result = final.regs[self.prog.result]
         pc = final.pc
+        failed_at = self.codes.failed
+        failed = jnp.where(pc >= failed_at, pc - failed_at + 1, 0).astype(index_dtype())
         status = Status(pc == self.overflowed, pc < self.halt, pc, final.steps, final.depth,
-                        jnp.asarray(self.lanes, index_dtype()))
+                        jnp.asarray(self.lanes, index_dtype()), failed)
         pc_stack = final.pc_stack if final.pc_stack is not None else workspace["pc_stack"]
         out = result, status, {"stacks": final.stacks, "pc_stack": pc_stack}
         return out if recorder is None else (*out, tape)

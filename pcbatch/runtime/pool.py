@@ -45,6 +45,7 @@ from pcbatch.ir.core import (
     STACKED,
     Await,
     Collect,
+    Fail,
     Fork,
     Join,
     Launch,
@@ -136,7 +137,10 @@ class PoolMachine:
         self.scheduler = bind(config.scheduler, prog)
         nb = prog.num_blocks
         self.halt, self.overflowed, self.done, self.free = nb, nb + 1, nb + 2, nb + 3
-        self.codes = Codes(self.halt, self.overflowed, self.done)
+        # A root lane that fails halts at nb + 4 + its block; every failing lane (a child too, which
+        # finishes) flags its example in `PoolState.failed`.
+        self.codes = Codes(self.halt, self.overflowed, self.done, nb + 4)
+        self.fail_blocks = list(prog.fail_blocks)
         blocks = prog.blocks
         self.stored = sorted(v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing)
         self.writers = {v: [b for b, blk in enumerate(blocks) if any(v in op_writes(op) for op in blk.ops)]
@@ -148,10 +152,10 @@ class PoolMachine:
         self.launches = {b: [op.call for op in blk.ops if isinstance(op, Launch)] for b, blk in enumerate(blocks)}
         self.launches = {b: calls for b, calls in self.launches.items() if calls}
         # Blocks that spawn children, that free children's lanes (Join, Collect), and that may end
-        # a child's lane (a Return from its bottom frame, a call that overflows).
+        # a child's lane (a Return from its bottom frame, a call that overflows, a Fail).
         self.spawners = sorted(set(self.forks) | set(self.launches))
         self.releasers = [b for b, blk in enumerate(blocks) if any(isinstance(op, (Join, Collect)) for op in blk.ops)]
-        self.finishers = [b for b, blk in enumerate(blocks) if isinstance(blk.term, (Return, PushJump))]
+        self.finishers = [b for b, blk in enumerate(blocks) if isinstance(blk.term, (Return, PushJump, Fail))]
         assert not set(self.launches) & set(self.forks), "a block both launches and forks"
         collects = [sum(isinstance(op, Collect) for op in blk.ops) for blk in blocks]
         self.fan = max([len(t.calls) for t in self.forks.values()] + [len(c) for c in self.launches.values()]
@@ -249,6 +253,7 @@ class PoolMachine:
             free=FreeLanes(free_lanes, jnp.asarray(M - B, idx)),
             claim=workspace["claim"],  # scratch: read only where written in the same step
             work=jnp.zeros((B,), idx),
+            failed=jnp.zeros((B,), idx) if self.fail_blocks else None,  # no Fail: nothing to carry
             peak=jnp.asarray(B, idx),
             steps=jnp.zeros((), idx),
             sched=self.scheduler.init(nb, M),
@@ -344,7 +349,7 @@ class PoolMachine:
             if isinstance(block.term, Return):
                 pc_top = view["pc_stack"].at[jnp.maximum(pc_sp - 1, 0), ids].get(mode="fill", fill_value=self.halt)
             ran = execute(block, self.stack_of, self.stacks, types, load, top, join,
-                          Rows(valid, sps, pc_sp, pc_top, child), self.codes, D, W, launch=launch)
+                          Rows(valid, sps, pc_sp, pc_top, child), self.codes, D, W, launch=launch, index=b)
             stack_writes = ran.stack_writes
             if ran.pc_write is not None:
                 pc_write = ran.pc_write
@@ -555,7 +560,12 @@ class PoolMachine:
                     "ids": ids, "n": n, "free": free, "free_top": free_top}
             out = lax.switch(block, branches, view)
             lane = state.lane.at[ids].set(out["lane"], mode="drop")
-            work = state.work.at[jnp.where(ids < M, column(out["lane"], col["example"]), B)].add(1, mode="drop")
+            examples = jnp.where(ids < M, column(out["lane"], col["example"]), B)
+            work = state.work.at[examples].add(1, mode="drop")
+            failed = state.failed
+            if self.fail_blocks:  # only steps at a Fail block pay for flagging its lanes' examples
+                failed = lax.cond(block_in(block, self.fail_blocks), self._flag_failed, lambda f, *_: f,
+                                  failed, examples, block)
             # One conditional per set of writing blocks (a step pays for each, taken or not).
             regs = dict(state.regs)
             for writers, names in self.reg_groups:
@@ -597,23 +607,31 @@ class PoolMachine:
                                                lane, state.claim, queues, pc, out["decrement"],
                                                column(out["lane"], col["depth"]))
             new = PoolState(pc=pc, lane=lane, regs=regs, stacks=stacks, pc_stack=pc_stack, queues=queues, free=free,
-                            claim=claim, work=work, peak=jnp.maximum(state.peak, M - free.top),
+                            claim=claim, work=work, failed=failed, peak=jnp.maximum(state.peak, M - free.top),
                             steps=state.steps + 1, sched=sched)
             return new, {"block": block, "out": out}
 
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)
         pc = final.pc[:B]
         overflow = (pc == self.overflowed) | (final.lane[:B, col["poison"]] != 0)
-        status = Status(overflow, (pc < halt) & ~overflow, pc, final.steps, final.work, final.peak)
+        failed_at = jnp.zeros((B,), pc.dtype) if final.failed is None else final.failed
+        status = Status(overflow, (pc < halt) & ~overflow, pc, final.steps, final.work, final.peak, failed_at)
         # An example that did not finish may never have written its result: its slot holds an earlier
         # call's value (the registers are the donated workspace's), so it reads 0 instead.
-        failed = overflow | status.unfinished
+        failed = overflow | status.unfinished | (failed_at != 0)
         result = tree_map(lambda a: jnp.where(failed.reshape((B,) + (1,) * (a.ndim - 1)), jnp.zeros((), a.dtype),
                                               a[:B]), final.regs[prog.result])
         out = result, status, {"stacks": final.stacks, "pc_stack": final.pc_stack, "regs": final.regs, "pc": final.pc,
                                "lane": final.lane, "queues": final.queues.lanes, "free": final.free.lanes,
                                "claim": final.claim}
         return out if recorder is None else (*out, tape)
+
+    @staticmethod
+    def _flag_failed(failed: jax.Array, examples: jax.Array, block: jax.Array) -> jax.Array:
+        """The examples of a step's lanes at a Fail block (`examples`: B where none) are
+        failed there (1 + the block), unless an earlier Fail already flagged them."""
+        before = failed.at[examples].get(mode="fill", fill_value=0)
+        return failed.at[examples].set(jnp.where(before == 0, block + 1, before).astype(failed.dtype), mode="drop")
 
     def _spawn_params(self, term: Fork, consts: dict[str, Any], inv: dict[str, Any], kid: jax.Array,
                       src: jax.Array, example: jax.Array):

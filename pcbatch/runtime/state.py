@@ -14,7 +14,8 @@ import jax
 class MachineState(NamedTuple):
     """The plain machine (`machine.py`): lane i runs example i.
 
-    pc:       [L] block each lane waits at; `halt`/`overflowed` when done.
+    pc:       [L] block each lane waits at; `halt`/`overflowed` when done,
+              `Codes.failed + b` after failing at block b's `Fail`.
     regs:     {var: [L, ...]} registers (values crossing a block boundary).
     stacks:   {stack: [D, L, ...]} saved variables; `sps` their pointers, one per group
               of stacks that every block moves alike (`StackLayout.pointer_of`).
@@ -68,13 +69,16 @@ class PoolState(NamedTuple):
     """The fork-join machine (`pool.py`) on a pool of `M` lanes.
 
     pc:       [M] block each lane waits at, `-1 - join` while it waits for
-              its children, or halt/overflowed/done/free.
+              its children, or halt/overflowed/done/free (or a root lane's
+              `Codes.failed + b` after failing at block b's `Fail`).
     lane:     [M, C] each lane's small integers (see `PoolMachine.col`).
     regs, stacks, pc_stack: as `MachineState`, one slot per lane.
     queues:   the lanes waiting at each block (`Queues`).
     free:     the free lanes (`FreeLanes`).
     claim:    [M] scratch: which of a step's rows speaks for a parent.
     work:     [B] blocks run by all of an example's lanes.
+    failed:   [B] 1 + the Fail block where one of an example's lanes failed,
+              0 for none (`Status.failed`); None in a program without Fail.
     peak:     the most lanes in use at once; `steps`, `sched` as `MachineState`.
     """
 
@@ -87,6 +91,7 @@ class PoolState(NamedTuple):
     free: FreeLanes
     claim: jax.Array
     work: jax.Array
+    failed: jax.Array | None
     peak: jax.Array
     steps: jax.Array
     sched: Any

@@ -257,7 +257,7 @@ def uses_zero_step(n):
 UNSUPPORTED = [
     uses_try, uses_with, uses_yield, uses_lambda_ifexp, uses_lambda_boolop, uses_nested_def, uses_global,
     uses_nonlocal, uses_del, uses_for_over_array, uses_for_over_reversed, uses_while_else, uses_for_else,
-    uses_walrus, uses_subscript_assign, uses_subscript_augassign, uses_raise, uses_assert, uses_import,
+    uses_walrus, uses_subscript_assign, uses_subscript_augassign, uses_import,
     uses_class, uses_match, uses_starred_call, uses_bad_call_signature,
     uses_call_in_comprehension, uses_tuple_loop_target, uses_zero_step,
 ]
@@ -284,6 +284,17 @@ def test_unsupported_syntax(f):
     # .ir() reports the same error.
     with pytest.raises(UnsupportedSyntaxError):
         f.ir()
+
+
+@pytest.mark.parametrize("f", [uses_raise, uses_assert], ids=["raise", "assert"])
+def test_raise_and_assert_fail_their_examples_quoting_the_line(f):
+    """Once unsupported syntax: now the examples where Python raises are reported, by line."""
+    lineno, code = marked(f)
+    n = np.array([3, -1, 0, -7], np.int32)
+    with pytest.raises(pcbatch.ExampleError) as info:
+        f(n)
+    assert info.value.examples == [1, 3] and isinstance(info.value, PcbatchError)
+    assert code in str(info.value) and f"line {lineno}" in str(info.value)
 
 
 def test_varargs_is_an_error_at_decoration():

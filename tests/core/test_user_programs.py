@@ -202,6 +202,24 @@ def test_no_warning_where_every_path_assigns():
         same(f(x, n), f.reference(x, n))
 
 
+def assigned_unless_raised(x):
+    if x < 0:
+        raise ValueError("negative")
+    else:
+        y = x * 2
+    assert x != 3, "three"
+    return y
+
+
+def test_no_warning_where_the_other_paths_raise():
+    """A path through `raise` ends there: `y` is assigned on every path that reaches the return."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f = pcbatch.autobatch(assigned_unless_raised)
+        x = jnp.array([1, 2, 5])
+        same(f(x), f.reference(x))
+
+
 def builtin_max(a, b):
     c = max(a, b)
     return c

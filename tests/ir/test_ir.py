@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import pcbatch
-from pcbatch.ir import Block, Branch, Function, IRError, Jump, Prim, Program, Return, run_program, run_stack_program
+from pcbatch.ir import (Block, Branch, ExampleFailed, Fail, Function, IRError, Jump, Prim, Program, Return, run_program,
+                        run_stack_program)
 from pcbatch.ir import verify_program
 from pcbatch.ir.cfg import simplify
 
@@ -75,6 +76,44 @@ def test_printer_is_readable():
     assert "call fib(" in text and "branch" in text and "return" in text
     lowered = str(fib.lowered(jnp.arange(3)))
     assert "pushjump b0" in lowered and "push n" in lowered and "pop n" in lowered
+
+
+@pcbatch.autobatch
+def guarded(n):
+    assert n != 3, "not three"
+    if n < 0:
+        raise ValueError("negative")
+    return n * 2
+
+
+def test_a_fail_prints_as_one_line_with_its_source():
+    text = str(guarded.ir())
+    line = guarded.fn.__code__.co_firstlineno + 4
+    assert f'fail  # raise ValueError("negative")  ({__file__}:{line})' in text
+    assert f'fail  # assert n != 3, "not three"  ({__file__}:{line - 2})' in text
+    assert "fail  # raise" in str(guarded.lowered(jnp.arange(3)))
+
+
+def test_interpreters_stop_at_a_fail():
+    prog = guarded.lowered(jnp.arange(3))
+    fails = {i: b.term for i, b in enumerate(prog.blocks) if isinstance(b.term, Fail)}
+    for n, text in ((3, 'assert n != 3, "not three"'), (-2, 'raise ValueError("negative")')):
+        trace = run_stack_program(prog, {prog.entry_params[0]: np.int32(n)})
+        assert trace.finished and trace.result is None and fails[trace.failed].text == text
+        assert trace.blocks[-1] == trace.failed
+        with pytest.raises(ExampleFailed) as info:
+            run_program(guarded.ir(), np.int32(n))
+        assert info.value.fail.text == text
+    ok = run_stack_program(prog, {prog.entry_params[0]: np.int32(5)})
+    assert ok.failed is None and int(ok.result) == 10
+    assert int(run_program(guarded.ir(), np.int32(5))) == 10
+
+
+def test_verifier_accepts_a_fail_and_wants_its_text():
+    ok = Function("f", ("x",), (Block("b0", (), Fail("raise E", None)),))
+    verify_program(Program((ok,), "f"))
+    with pytest.raises(IRError):
+        verify_program(Program((Function("f", ("x",), (Block("b0", (), Fail("", None)),)),), "f"))
 
 
 @pytest.mark.parametrize("f,args", PROGRAMS, ids=lambda x: getattr(x, "__name__", ""))
