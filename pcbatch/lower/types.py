@@ -140,7 +140,7 @@ def _check_complete(prog: StackProgram, types: dict[str, Any], ops: Iterable[Pri
         if missing:
             raise UnsupportedSyntaxError(
                 f"cannot infer a type for `{missing[0]}`: no path assigns it before this use "
-                "(a function that recurses on every path never returns)", op.loc or Loc("<unknown>", 0),
+                "(a function that recurses, or raises, on every path never returns)", op.loc or Loc("<unknown>", 0),
                 "make sure every variable is assigned, and every recursive function has a base case.")
     for b in prog.blocks:
         if isinstance(b.term, Branch):
@@ -155,4 +155,5 @@ def _check_complete(prog: StackProgram, types: dict[str, Any], ops: Iterable[Pri
         raise UnsupportedSyntaxError(
             f"cannot infer the return type of `{prog.result.rpartition('.')[0]}`: no path returns",
             prog.blocks[prog.entry_block].loc or Loc("<unknown>", 0),
-            "every recursive function needs a base case that returns without recursing.")
+            "every recursive function needs a base case that returns without recursing, and a function "
+            "must return on some path that does not `raise` (or fail an `assert`).")

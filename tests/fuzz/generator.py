@@ -62,6 +62,7 @@ CALL_BUDGET = 40        # bound on calls per example (static estimate)
 WORK_BUDGET = 600       # bound on executed statements per example (static estimate)
 MAX_INPUT_DEPTH = 7
 BATCH_SIZES = (0, 1, 3, 8)
+GUARD = "fuzz guard"    # the message of the generated raise/assert statements
 SMALL = 8               # statements per function in `make test` (keeps XLA compile time low)
 LARGE = 14              # for `make fuzz`
 
@@ -149,8 +150,9 @@ class _Ctx:
 class _Builder:
     """Draws one function body.  `draw` is hypothesis' draw."""
 
-    def __init__(self, draw: Callable, me: _Func, callees: list[_Func], max_stmts: int):
+    def __init__(self, draw: Callable, me: _Func, callees: list[_Func], max_stmts: int, guards: bool = False):
         self.draw = draw
+        self.guards = guards  # some `pass` statements become a raise or an assert that some examples fail
         self.me = me
         self.callees = callees
         self.lines: list[str] = []
@@ -462,6 +464,22 @@ class _Builder:
                 self.emit(ctx, f"if {self.cond(ctx)}:")
                 inner = dataclasses.replace(ctx, nest=ctx.nest + 1)  # lines a call adds go inside the `if`
                 self.emit(inner, f"return {self.ret_expr(inner)}")
+        elif self.guards:
+            self.guard(ctx)
+        else:
+            self.emit(ctx, "pass")
+
+    def guard(self, ctx: _Ctx) -> None:
+        """A guard clause Python raises at for some examples (`GUARD` in its message), or
+        `pass`. Picked from the text, not drawn: the other programs stay the same."""
+        pick = zlib.crc32("\n".join(self.lines).encode())
+        var = sorted(self.int_vars(False))[pick % len(self.int_vars(False))]
+        modulus, rest = (7, 11, 5)[pick // 3 % 3], pick // 9 % 5
+        if pick % 3 == 0:
+            self.emit(ctx, f"if {var} % {modulus} == {rest}:")
+            self.emit(dataclasses.replace(ctx, nest=ctx.nest + 1), f'raise ValueError("{GUARD}")')
+        elif pick % 3 == 1:
+            self.emit(ctx, f'assert {var} % {modulus} != {rest}, "{GUARD}"')
         else:
             self.emit(ctx, "pass")
 
@@ -588,14 +606,15 @@ def _estimate(funcs: list[_Func], depth: int) -> tuple[int, int]:
 
 
 @st.composite
-def programs(draw: Callable, max_stmts: int = SMALL,
-             differentiable: bool = False) -> tuple[str, tuple[str, ...], int, tuple[Any, ...]]:
+def programs(draw: Callable, max_stmts: int = SMALL, differentiable: bool = False,
+             guards: bool = False) -> tuple[str, tuple[str, ...], int, tuple[Any, ...]]:
     """(source, entry parameter kinds, largest input depth, entry in_axes) of a random module.
 
     `max_stmts` bounds the statements drawn per function body (besides the
     initialisations and the final return); compile time grows with it.
     `differentiable`: the entry takes a float and returns one (the same draws
-    otherwise, so the other fuzz tests' programs do not change)."""
+    otherwise, so the other fuzz tests' programs do not change). `guards`: some
+    `pass` statements become guard clauses (`raise`, `assert`) that fail some examples."""
     n_funcs = draw(st.integers(1, MAX_FUNCS))
     funcs = []
     for j in range(n_funcs):
@@ -632,7 +651,7 @@ def programs(draw: Callable, max_stmts: int = SMALL,
             callees = [other] if j == 0 else draw(st.sampled_from([[other], [me], [me, other], []]))
         else:
             callees = [me]
-        lines += _Builder(draw, me, callees, max_stmts).function() + [""]
+        lines += _Builder(draw, me, callees, max_stmts, guards).function() + [""]
     max_depth = 0
     if any(f.branching for f in funcs):
         while (max_depth < MAX_INPUT_DEPTH and
@@ -646,11 +665,12 @@ def programs(draw: Callable, max_stmts: int = SMALL,
 
 @st.composite
 def fuzz_cases(draw: Callable, max_stmts: int = SMALL, batch_sizes: tuple[int, ...] = BATCH_SIZES,
-               forks: tuple[bool | str, ...] = (True, "auto"), differentiable: bool = False) -> FuzzCase:
+               forks: tuple[bool | str, ...] = (True, "auto"), differentiable: bool = False,
+               guards: bool = False) -> FuzzCase:
     """A random program and a random batch of inputs for its entry function `f0`,
     run with one of `forks` as its `fork` option (fork-join with 1 or 2
     compiled widths: each width is another compiled copy of every block)."""
-    source, kinds, max_depth, in_axes, defaults = draw(programs(max_stmts, differentiable))
+    source, kinds, max_depth, in_axes, defaults = draw(programs(max_stmts, differentiable, guards))
     # Few empty batches: they compile nothing, but are a case of their own.
     batch = draw(st.sampled_from(batch_sizes if draw(st.integers(0, 9)) == 0 else
                                  tuple(b for b in batch_sizes if b > 0) or batch_sizes))

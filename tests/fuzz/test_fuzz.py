@@ -6,12 +6,15 @@ tests of 11, under the default `fork="auto"`) in `make test`, `test_fuzz_forked.
 (default 10,000) under `make fuzz`.  `PCBATCH_FUZZ_SEED=<int>` replaces the
 derandomized default sequence of programs with another one.
 
+Some programs hold guard clauses (`raise`, `assert`) that fail some examples: pcbatch must flag
+exactly those (`status.failed`, `ExampleError`) and give the others' results exactly.
 A failure prints the generated program and its inputs.
 """
 from __future__ import annotations
 
 import importlib.util
 import atexit
+import dataclasses
 import hashlib
 import linecache
 import os
@@ -27,7 +30,7 @@ from hypothesis import HealthCheck, given, seed, settings
 
 import pcbatch
 
-from .generator import LARGE, SMALL, FuzzCase, fuzz_cases
+from .generator import GUARD, LARGE, SMALL, FuzzCase, fuzz_cases
 
 _DIR = tempfile.mkdtemp(prefix="pcbatch_fuzz_")
 atexit.register(shutil.rmtree, _DIR, True)
@@ -105,13 +108,18 @@ def _check(fn, case: FuzzCase) -> None:
         return _check_empty(fn, case, args, kwargs)
     try:
         ref = fn.reference(*args, **kwargs)
-    except Exception:  # a generator bug: the program itself is broken Python
-        raise AssertionError("the generated program fails in plain Python (generator bug)\n"
-                             + case.describe() + traceback.format_exc()) from None
+    except Exception as e:
+        if GUARD not in str(e):  # a generator bug: the program itself is broken Python
+            raise AssertionError("the generated program fails in plain Python (generator bug)\n"
+                                 + case.describe() + traceback.format_exc()) from None
+        return _check_raising(fn, case)
     try:
         if case.limits:
             out, status = fn.with_options(**case.limits).checked(*args, **kwargs)
             flagged = np.asarray(status.unfinished) | np.asarray(status.overflow)
+            if np.asarray(status.failed).any():
+                raise AssertionError(f"pcbatch flags examples {np.nonzero(np.asarray(status.failed))[0].tolist()} "
+                                     "as failed where Python raises nothing\n" + case.describe())
         else:
             out, flagged = fn(*args, **kwargs), None
     except Exception as e:
@@ -125,12 +133,74 @@ def _check(fn, case: FuzzCase) -> None:
         raise AssertionError(f"pcbatch disagrees with the reference: {problem}\n" + case.describe())
 
 
+RAISING = [0]  # programs checked so far where Python raises for some example (printed by the tests)
+
+
+def _one_example(case: FuzzCase, i: int) -> FuzzCase:
+    axes = case.in_axes or (0,) * len(case.inputs)
+    return dataclasses.replace(case, inputs=tuple(x if ax is None else np.asarray(x)[i:i + 1]
+                                                  for x, ax in zip(case.inputs, axes)))
+
+
+def _check_raising(fn, case: FuzzCase) -> None:
+    """Python raises (a generated guard) for some examples: pcbatch flags exactly those
+    (`status.failed`; or, under tight limits, stops them earlier), the plain call raises
+    `ExampleError` naming them, and every other example's result is exact."""
+    RAISING[0] += 1
+    axes = case.in_axes or (0,) * len(case.inputs)
+    batch = next(len(x) for x, ax in zip(case.inputs, axes) if ax is not None)
+    refs, raises = {}, []
+    for i in range(batch):
+        one_args, one_kwargs = _one_example(case, i).call_args()
+        try:
+            refs[i] = fn.reference(*one_args, **one_kwargs)
+        except Exception as e:
+            if GUARD not in str(e):
+                raise AssertionError("the generated program fails in plain Python (generator bug)\n"
+                                     + case.describe() + traceback.format_exc()) from None
+            raises.append(i)
+    args, kwargs = case.call_args()
+    try:
+        out, status = (fn.with_options(**case.limits) if case.limits else fn).checked(*args, **kwargs)
+    except Exception as e:
+        raise AssertionError(f"pcbatch raised {type(e).__name__}\n" + case.describe()
+                             + traceback.format_exc()) from e
+    failed = np.asarray(status.failed) != 0
+    stopped = np.asarray(status.unfinished) | np.asarray(status.overflow)
+    wrong = [i for i in range(batch) if failed[i] != (i in raises) and not (case.limits and stopped[i])]
+    if wrong:
+        raise AssertionError(f"Python raises for examples {raises}, pcbatch flags "
+                             f"{np.nonzero(failed)[0].tolist()} as failed\n" + case.describe())
+    if not case.limits:
+        try:
+            fn(*args, **kwargs)
+            raise AssertionError(f"no ExampleError though Python raises for examples {raises}\n" + case.describe())
+        except pcbatch.ExampleError as e:
+            if e.examples != raises:
+                raise AssertionError(f"ExampleError names {e.examples}, Python raises for {raises}\n"
+                                     + case.describe()) from None
+    keep = [i for i in range(batch) if i not in raises and not stopped[i]]
+    if keep:
+        got = jax.tree_util.tree_map(lambda x: np.asarray(x)[keep], out)
+        want = jax.tree_util.tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]),
+                                      *[refs[i] for i in keep])
+        problem = _mismatch(got, want)
+        if problem:
+            raise AssertionError(f"pcbatch disagrees with the reference (examples {keep}, the ones Python "
+                                 f"does not raise for): {problem}\n" + case.describe())
+
+
 def _check_empty(fn, case: FuzzCase, args, kwargs) -> None:
     """0 examples: an empty result shaped like a one-example call's (as jax.vmap gives): the
     structure and shapes of the Python result, the dtypes pcbatch gives (the join of every
     path's type, at least as wide as the Python path's)."""
     one = lambda x: np.zeros((1,) + np.shape(x)[1:], np.asarray(x).dtype) if np.ndim(x) else x
-    ref = fn.reference(*map(one, args), **{k: one(v) for k, v in kwargs.items()})
+    try:
+        ref = fn.reference(*map(one, args), **{k: one(v) for k, v in kwargs.items()})
+    except Exception as e:
+        if GUARD not in str(e):
+            raise
+        return  # the zero example raises (a generated guard): no one-example result to compare dtypes with
     single = fn(*map(one, args), **{k: one(v) for k, v in kwargs.items()})
     wide = lambda s, r: jax.numpy.promote_types(s.dtype, r.dtype) == s.dtype  # JAX's lattice: float32 + int32
     ref = jax.tree_util.tree_map(lambda r, s: np.zeros(np.shape(r), np.asarray(s).dtype)
@@ -167,7 +237,7 @@ def _run(n: int, max_stmts: int, forks: tuple[bool | str, ...] = (True, "auto"),
             jax.clear_caches()
             print(f"fuzz: {count[0]} programs passed", file=sys.stderr, flush=True)  # `make fuzz` runs for hours
 
-    test = settings(**options)(given(fuzz_cases(max_stmts, forks=forks))(prop))
+    test = settings(**options)(given(fuzz_cases(max_stmts, forks=forks, guards=True))(prop))
     if fixed is not None:
         test = seed(fixed)(test)
     test()
@@ -189,7 +259,7 @@ def test_fuzz_programs(chunk):
     stay under CI's 8 minutes; `make fuzz` runs thousands)."""
     n = -(-_examples(44) // CHUNKS)
     ran = _run(n, SMALL, forks=("auto",), chunk=chunk)
-    print(f"fuzz: {ran} programs", file=sys.stderr)
+    print(f"fuzz: {ran} programs ({RAISING[0]} so far where Python raises for some example)", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
 
 
@@ -198,5 +268,5 @@ def test_fuzz_long():
     """`make fuzz`: PCBATCH_FUZZ_EXAMPLES (default 10,000) programs."""
     n = _examples(10_000)
     ran = _run(n, LARGE)
-    print(f"fuzz: {ran} programs", file=sys.stderr)
+    print(f"fuzz: {ran} programs ({RAISING[0]} where Python raises for some example)", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
