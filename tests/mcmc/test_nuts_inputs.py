@@ -82,8 +82,9 @@ def test_float64_under_x64_equals_the_chain_by_chain_python():
         ref = prog.reference(*args)
         assert not np.asarray(status.overflow).any() and not np.asarray(status.unfinished).any()
         assert out.position.dtype == jnp.float64 and out.info.num_integration_steps.dtype == jnp.int64
+        assert out.num_draws.dtype == jnp.int64
         np.testing.assert_array_equal(np.asarray(out.info.num_integration_steps),
                                       np.asarray(ref.info.num_integration_steps))
         np.testing.assert_allclose(np.asarray(out.position), np.asarray(ref.position), rtol=1e-10, atol=1e-12)
-        sampled = nuts.sample(laplace, x0, KEY, num_samples=4, num_warmup=2, step_size=0.3)
-        assert sampled.position.dtype == jnp.float64 and sampled.num_draws.dtype == jnp.int64
+        with pytest.raises(pcbatch.ArgumentError, match="float32 \\(or float64 under jax_enable_x64\\)"):
+            nuts.sample(laplace, x0.astype(jnp.float16), KEY, num_samples=4, step_size=0.3)
