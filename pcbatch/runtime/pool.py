@@ -44,10 +44,12 @@ from pcbatch.ir.core import (
     REGISTER,
     STACKED,
     Await,
+    Branch,
     Collect,
     Fail,
     Fork,
     Join,
+    Jump,
     Launch,
     PushJump,
     Return,
@@ -156,6 +158,12 @@ class PoolMachine:
         self.spawners = sorted(set(self.forks) | set(self.launches))
         self.releasers = [b for b, blk in enumerate(blocks) if any(isinstance(op, (Join, Collect)) for op in blk.ops)]
         self.finishers = [b for b, blk in enumerate(blocks) if isinstance(blk.term, (Return, PushJump, Fail))]
+        # Where the lanes of an example that already failed stop (a child reached a Fail; its
+        # parent goes on with a junk value, and a loop on it might never end): every branch or
+        # jump that neither takes nor frees children. Only programs with a Fail pay for it.
+        self.stoppers = [b for b, blk in enumerate(blocks) if self.fail_blocks and isinstance(blk.term, (Branch, Jump))
+                         and not any(isinstance(op, (Launch, Collect, Join)) for op in blk.ops)]
+        self.finishers = sorted(set(self.finishers) | set(self.stoppers))
         assert not set(self.launches) & set(self.forks), "a block both launches and forks"
         collects = [sum(isinstance(op, Collect) for op in blk.ops) for blk in blocks]
         self.fan = max([len(t.calls) for t in self.forks.values()] + [len(c) for c in self.launches.values()]
@@ -436,7 +444,13 @@ class PoolMachine:
                 spawned = (kids.reshape(-1), rows.reshape(W * K, -1), starts.reshape(-1))
                 kid_dest = jnp.where(kids < M, starts, nb).reshape(-1)
                 pc = jnp.where(can, -1 - term.join, term.seq).astype(idx)
-            decrement = jnp.where(valid & ran.finished, get("parent"), M)
+            finished = ran.finished
+            if b in self.stoppers:  # once it holds no children, a lane of a failed example stops here
+                stop = (valid & (view["failed"].at[get("example")].get(mode="fill", fill_value=0) != 0)
+                        & (get("pending") == 0) & (get("kid_head") == M))
+                pc = jnp.where(stop, jnp.where(child, self.done, self.halt), pc).astype(idx)
+                finished = finished | (stop & child)
+            decrement = jnp.where(valid & finished, get("parent"), M)
 
             # Queue every lane that waits somewhere next: the rows at their
             # new pcs, then a Fork's children at their entries. Each row names its queue by
@@ -557,7 +571,7 @@ class PoolMachine:
             j = jnp.arange(N * K, dtype=pc.dtype)
             free = jnp.where(j < free_top, state.free.lanes[jnp.maximum(free_top - 1 - j, 0)], M)
             view = {"lane": state.lane, "regs": state.regs, "stacks": state.stacks, "pc_stack": state.pc_stack,
-                    "ids": ids, "n": n, "free": free, "free_top": free_top}
+                    "ids": ids, "n": n, "free": free, "free_top": free_top, "failed": state.failed}
             out = lax.switch(block, branches, view)
             lane = state.lane.at[ids].set(out["lane"], mode="drop")
             examples = jnp.where(ids < M, column(out["lane"], col["example"]), B)

@@ -293,3 +293,32 @@ def test_gradients_are_nan_for_failed_examples_only(fork):
     with pytest.raises(pcbatch.ExampleError) as info:  # eager jax.grad of the plain call raises
         jax.grad(lambda x: jnp.sum(f(x, n, bad)))(x)
     assert info.value.examples == [1, 3]
+
+
+@pcbatch.autobatch(fork=True)
+def busy_after_children(n):
+    """A loop after the join: on a failed child's junk value it would run on (or forever)."""
+    if n == 3:
+        raise ValueError("three")
+    if n <= 1:
+        return n
+    a = busy_after_children(n - 1)
+    b = busy_after_children(n - 2)
+    k = 0
+    while k < 200:
+        k = k + 1
+    return a + b + k
+
+
+def test_the_lanes_of_a_failed_example_stop_at_their_next_branch():
+    # A child fails; its parent used to go on with a junk value through its loop (200 steps per
+    # level above the failure: a loop on the junk might never end). Now every lane of the failed
+    # example stops at its next branch or jump once it holds no children.
+    good = jnp.asarray([2, 1, 0, 2, 1], jnp.int32)
+    out_good, status_good = busy_after_children.checked(good)
+    with_failing = jnp.asarray([2, 1, 0, 2, 1, 7], jnp.int32)  # 7 -> 6 -> 5 -> 4 -> 3 fails
+    out, status = busy_after_children.checked(with_failing)
+    np.testing.assert_array_equal(np.asarray(status.failed) != 0, [False] * 5 + [True])
+    np.testing.assert_array_equal(np.asarray(out)[:5], np.asarray(out_good))
+    np.testing.assert_array_equal(np.asarray(out_good), busy_after_children.reference(good))
+    assert int(status.steps) <= int(status_good.steps) + 20, (int(status.steps), int(status_good.steps))
