@@ -106,7 +106,7 @@ def check_in_trace(result: Any, status: Status, prog: StackProgram | None = None
                        debug=True)
     checkify.check(~jnp.any(status.overflow), "pcbatch: recursion deeper than max_stack_depth", debug=True)
     checkify.check(~jnp.any(status.unfinished), "pcbatch: max_steps exceeded", debug=True)
-    failed = status.overflow | status.unfinished | (status.failed != 0)
+    failed = status.flagged
 
     def poison(x):
         bad = jnp.nan if jnp.issubdtype(x.dtype, jnp.inexact) else 0

@@ -28,6 +28,11 @@ class Status(NamedTuple):
     peak_lanes: jax.Array
     failed: jax.Array
 
+    @property
+    def flagged(self) -> jax.Array:
+        """Per example: its result is not meaningful (it failed, overflowed or did not finish)."""
+        return self.overflow | self.unfinished | (self.failed != 0)
+
 
 @dataclass(frozen=True)
 class MachineConfig:

@@ -632,7 +632,7 @@ class PoolMachine:
         status = Status(overflow, (pc < halt) & ~overflow, pc, final.steps, final.work, final.peak, failed_at)
         # An example that did not finish may never have written its result: its slot holds an earlier
         # call's value (the registers are the donated workspace's), so it reads 0 instead.
-        failed = overflow | status.unfinished | (failed_at != 0)
+        failed = status.flagged
         result = tree_map(lambda a: jnp.where(failed.reshape((B,) + (1,) * (a.ndim - 1)), jnp.zeros((), a.dtype),
                                               a[:B]), final.regs[prog.result])
         out = result, status, {"stacks": final.stacks, "pc_stack": final.pc_stack, "regs": final.regs, "pc": final.pc,

@@ -173,7 +173,7 @@ class Differentiable:
         inputs, status, tape = tree_util.tree_unflatten(tree, args[:tree.num_leaves])
         plan, _, backward = self.compiled(tape_size)
         ct = backward(inputs, tape, list(args[tree.num_leaves:]))
-        failed = status.overflow | status.unfinished | (status.failed != 0)
+        failed = status.flagged
         overflow = Plan.overflowed(tape, plan.capacity, plan.log_size)
 
         def masked(p: str, c: jax.Array) -> jax.Array:
