@@ -13,10 +13,12 @@ class BoundFunction:
     fn: Callable
     constants: tuple[tuple[str, Any], ...] = ()
     signature: inspect.Signature = field(init=False, repr=False)
+    _full: inspect.Signature = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         fixed = {name for name, _ in self.constants}
         sig = inspect.signature(self.fn)
+        object.__setattr__(self, "_full", sig)
         object.__setattr__(self, "signature", sig.replace(
             parameters=[p for name, p in sig.parameters.items() if name not in fixed]))
 
@@ -37,9 +39,11 @@ class BoundFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calls the Python function (the reference semantics)."""
+        if not self.constants:  # the reference calls this once per Python call: no binding to pay for
+            return self.fn(*args, **kwargs)
         bound = self.signature.bind(*args, **kwargs)
         values = {**dict(self.constants), **bound.arguments}
-        params = inspect.signature(self.fn).parameters
+        params = self._full.parameters
         positional = [values[name] for name, p in params.items() if p.kind is p.POSITIONAL_ONLY and name in values]
         keywords = {name: values[name] for name, p in params.items() if p.kind is not p.POSITIONAL_ONLY
                     and name in values}
