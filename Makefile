@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo fuzz bench notebooks clean
+.PHONY: test test-matrix demo fuzz bench notebooks clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
+
+# The combinations `make test` leaves out of its cross products (schedulers x programs, fork modes x programs).
+test-matrix: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m matrix
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py

@@ -30,8 +30,16 @@ settings.register_profile("pcbatch", deadline=None, suppress_health_check=[Healt
 settings.load_profile("pcbatch")
 
 
+import gc  # noqa: E402
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+# Tracing a machine allocates millions of short-lived objects, and the cyclic
+# collector's default thresholds ran a pass every few hundred of them (~5-10% of
+# a test file's time). Collect less often; what is imported so far is never garbage.
+gc.freeze()
+gc.set_threshold(50_000, 20, 20)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -66,7 +66,7 @@ def test_divergent_batch(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-@settings(max_examples=6, phases=NO_SHRINK)
+@settings(max_examples=4, phases=NO_SHRINK)
 @given(data=st.data())
 def test_random_batch(case, data):
     check(case, data.draw(st.lists(mixed(case), min_size=BATCH, max_size=BATCH), label="examples"))
@@ -79,7 +79,7 @@ def test_batch_of_one(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-@settings(max_examples=2, phases=NO_SHRINK)
+@settings(max_examples=1, phases=NO_SHRINK)
 @given(data=st.data())
 def test_batch_of_sixteen(case, data):
     check(case, data.draw(st.lists(mixed(case), min_size=16, max_size=16), label="examples"))

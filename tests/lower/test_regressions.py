@@ -295,7 +295,7 @@ def loop_of_calls(n):
     return s
 
 
-@pytest.mark.parametrize("fork", [False, True, "auto"])
+@pytest.mark.parametrize("fork", [False, True, pytest.param("auto", marks=pytest.mark.matrix)])
 @pytest.mark.parametrize("fn, xs", [(count_down, [0, 1, 2, 3, 5]), (loop_of_calls, [0, 1, 2, 3, 6]),
                                     (halve_and_add, [0.5, 1.5, 3.0, 7.0])])
 def test_local_passed_to_a_self_call_and_read_after_it(fn, xs, fork):
@@ -327,7 +327,7 @@ def later_result_as_argument(d, y):
     return x * 10 + y
 
 
-@pytest.mark.parametrize("fork", [True, False, "auto"])
+@pytest.mark.parametrize("fork", [True, False, pytest.param("auto", marks=pytest.mark.matrix)])
 @pytest.mark.parametrize("fn", [own_result_as_argument, later_result_as_argument])
 def test_a_call_reading_the_variable_a_sibling_call_assigns(fn, fork):
     f = pcbatch.autobatch(fn, fork=fork)
@@ -367,7 +367,7 @@ def call_then_update_argument(n, y):
     return a + b * y
 
 
-@pytest.mark.parametrize("fork", [True, False, "auto"])
+@pytest.mark.parametrize("fork", [True, False, pytest.param("auto", marks=pytest.mark.matrix)])
 @pytest.mark.parametrize("fn", [read_then_call_overwrites, call_read_then_overwrite, call_then_update_argument])
 def test_regrouped_calls_keep_write_after_read_order(fn, fork):
     f = pcbatch.autobatch(fn, fork=fork)
