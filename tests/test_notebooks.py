@@ -75,7 +75,13 @@ def python3_kernel(tmp_path_factory):
             os.environ["JUPYTER_PATH"] = saved
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+# The schedules and NUTS walkthroughs (20 s each on CI's two cores) run under
+# `make test-matrix`: what they call, tests/fsm, tests/mcmc and test_viz.py check.
+WALKTHROUGHS = {"02_schedules", "03_nuts"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=(pytest.mark.matrix,) if p.stem in WALKTHROUGHS else ())
+                                  for p in NOTEBOOKS], ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path, python3_kernel):
     nbformat = _nbformat()
     from nbclient import NotebookClient

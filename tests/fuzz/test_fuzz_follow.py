@@ -47,9 +47,9 @@ def test_follow_order_is_a_valid_permutation():
 
 
 def test_fuzz_follow_programs():
-    """`make test`: 6 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` / 16; `make
+    """`make test`: 4 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` / 16; `make
     test` must stay under CI's 8 minutes, and NUTS runs follow blocks in every test)."""
-    n = max(1, _examples(96) // 16)
+    n = max(1, _examples(64) // 16)
     ran = _run(n, SMALL, forks=(False,), chunk=20, adapt=following)
     print(f"fuzz (follow): {ran} programs", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"

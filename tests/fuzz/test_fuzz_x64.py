@@ -103,7 +103,7 @@ def test_to_x64_widens_inputs():
 
 
 def test_fuzz_x64_programs():
-    n = _examples(6)
+    n = _examples(4)
     ran = _run(n, SMALL)
     print(f"fuzz x64: {ran} programs", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"

@@ -254,7 +254,8 @@ def nary_fixture(shape):
     return _NARY_REF[key]
 
 
-@pytest.mark.parametrize("max_lanes, lane_width", [(7, None), (8, None), (10, None), (12, 1), (12, 2), (12, 3)])
+@pytest.mark.parametrize("max_lanes, lane_width", [(7, None), (10, None), (12, 2)] + [
+    pytest.param(*p, marks=pytest.mark.matrix) for p in [(8, None), (12, 1), (12, 3)]])
 def test_lane_exhaustion_results_exact(max_lanes, lane_width):
     options = {"max_lanes": max_lanes} if lane_width is None else {"max_lanes": max_lanes, "lane_width": lane_width}
     fn = variant(nary.nary_tree_lstm, **options)
