@@ -11,7 +11,7 @@ zero, `sqrt` of a negative) and cases with tight `max_steps` /
 `max_stack_depth` limits are skipped: there the derivative is NaN by design.
 
 `test_fuzz_grad_programs` runs `PCBATCH_FUZZ_GRAD_EXAMPLES` programs (default
-3) in `make test`; `test_fuzz_grad_long` (marked slow) runs that variable's
+2) in `make test`; `test_fuzz_grad_long` (marked slow) runs that variable's
 count (default 300) under `make fuzz`. A gradient compiles a recording and a
 backward machine per program, hence the modest counts.
 """
@@ -112,7 +112,7 @@ def _examples(default: int) -> int:
 
 
 def test_fuzz_grad_programs():
-    n = _examples(3)
+    n = _examples(2)
     ran, checked = _run(n, SMALL)
     print(f"fuzz grad: {ran} programs, {checked} differentiated", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"

@@ -93,10 +93,20 @@ def test_differential_2d_uturns_and_schedules():
     assert last.scheduler.leaf == nuts.leaf_block(last.lowered(*args))
     quorum = last.with_schedule(nuts.GradientQuorum(last.scheduler.leaf))
     _assert_same(quorum(*args), ref)
-    _assert_same(quorum.with_schedule("earliest")(*args), ref)
     visits = [t.blocks.count(quorum.scheduler.leaf) for t in quorum.reference_trace(*args)]
     trace = last.trace(*args)  # GradientLast runs the leaf block once for every chain waiting there
     assert not trace.truncated and int(np.sum(trace.blocks == quorum.scheduler.leaf)) == max(visits) < sum(visits)
+
+
+@pytest.mark.matrix  # two more compiled samplers; make test covers both ideas elsewhere (test_schedules, test_targets)
+def test_2d_uturns_under_earliest_and_one_leaf_per_step():
+    chains = 4
+    x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
+    out, ref, args = _run_both(LOGP2, x0, _keys(0, chains), 0.3, None, num_samples=8, max_tree_depth=6)
+    steps = np.asarray(out.info.num_integration_steps)
+    last = nuts.sampler(LOGP2, num_samples=8, max_tree_depth=6)
+    _assert_same(last.with_schedule("earliest")(*args), ref)
+    visits = [t.blocks.count(last.scheduler.leaf) for t in last.reference_trace(*args)]
     # One leaf per step wastes no leaf: a chain visits the leaf block once per
     # gradient it needs (the pairs wasted one per transition). Its draws equal
     # the reference's in test_targets.py's logistic regression.
