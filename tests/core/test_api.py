@@ -358,3 +358,25 @@ def test_eager_vmap_of_an_autobatched_function_warns_nothing():
         warnings.simplefilter("error")
         out = jax.vmap(fib_like)(jnp.full((3, 2), 2.0), jnp.array([[1, 2], [3, 0], [2, 2]]))
     np.testing.assert_allclose(np.asarray(out), [[2.0, 4.0], [8.0, 1.0], [4.0, 4.0]])
+
+
+def test_a_pool_compiled_for_checked_also_runs_plain_calls():
+    """f.checked then f(x) on a fork-join pool: one machine compiled, not two (a pool
+    compiles in seconds; its block count costs ~2% of a step). A plain machine keeps
+    its lean twin for plain calls (there the count costs ~30%)."""
+    @pcbatch.autobatch(fork=True)
+    def tree(n):
+        if n <= 1:
+            return n
+        return tree(n - 1) + tree(n - 2)
+
+    n = jnp.array([3, 6, 1, 7], jnp.int32)
+    out, status = tree.checked(n)
+    assert int(status.peak_lanes) > 4 and tree.trace_count == 1
+    np.testing.assert_array_equal(tree(n), out)
+    np.testing.assert_array_equal(out, tree.reference(n))
+    assert tree.trace_count == 1
+    plain = tree.with_options(fork=False)
+    plain.checked(n)
+    plain(n)
+    assert plain.trace_count == 2
