@@ -469,11 +469,13 @@ class _Builder:
         else:
             self.emit(ctx, "pass")
 
-    def guard(self, ctx: _Ctx) -> None:
+    def guard(self, ctx: _Ctx, among: list[str] | None = None) -> None:
         """A guard clause Python raises at for some examples (`GUARD` in its message), or
-        `pass`. Picked from the text, not drawn: the other programs stay the same."""
+        `pass`, on one of the int variables (`among` them where given). Picked from the text,
+        not drawn: the other programs stay the same."""
         pick = zlib.crc32("\n".join(self.lines).encode())
-        var = sorted(self.int_vars(False))[pick % len(self.int_vars(False))]
+        names = sorted(among or self.int_vars(False))
+        var = names[pick % len(names)]
         modulus, rest = (7, 11, 5)[pick // 3 % 3], pick // 9 % 5
         if pick % 3 == 0:
             self.emit(ctx, f"if {var} % {modulus} == {rest}:")
@@ -584,6 +586,8 @@ class _Builder:
             base = dataclasses.replace(ctx, nest=1)
             self.emit(base, f"return {self.ret_expr(base)}")
             ctx = dataclasses.replace(ctx, guarded=True)
+            if self.guards:  # past the base case: fails examples inside recursive (and forked) calls
+                self.guard(ctx, [n for n, k in zip(names, me.kinds) if k in "id"])  # the locals: often constants
         self.block(ctx, 2, 6)
         self.emit(ctx, f"return {self.ret_expr(ctx)}")
         return header + self.lines
