@@ -84,7 +84,7 @@ def test_forward_mode_through_jit(f):
     assert_close(jax.jacfwd(g)(x), jax.jacfwd(lambda x: f.reference(x, n))(x))
 
 
-@pytest.mark.parametrize("f", [junk, junk_fork], ids=["plain", "fork"])
+@pytest.mark.parametrize("f", [pytest.param(junk, marks=pytest.mark.matrix), junk_fork], ids=["plain", "fork"])
 def test_forward_over_reverse(f):
     """jax.hessian (forward over reverse: JAX's jvp of the backward loop),
     eager, under jit and of a jit-compiled function, against the per-example

@@ -67,7 +67,10 @@ def ast_batch():
 # tree models: differential
 # --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", list(TREE_MODELS))
+# Every model on random trees of every shape also runs in tests/runtime/test_fork.py
+# (mixed batch of 7, against fork=False too): here child_sum and nary, the rest in make test-matrix.
+@pytest.mark.parametrize("name", [n if n in ("child_sum", "nary") else pytest.param(n, marks=pytest.mark.matrix)
+                                  for n in TREE_MODELS])
 def test_tree_model_random_trees(name):
     """Eight random trees of all shapes (1..20 leaves: a single leaf up to chains), plus the same
     batch started at a non-root node."""

@@ -594,7 +594,7 @@ def pooled_trees(draw):
     return data.batch(trees), max_lanes, lane_width
 
 
-@settings(max_examples=4)
+@settings(max_examples=3)
 @given(pooled_trees())
 def test_hypothesis_nary_random_pools(case):
     trees, max_lanes, lane_width = case
