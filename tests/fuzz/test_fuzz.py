@@ -253,11 +253,11 @@ CHUNKS = 4  # make test's programs in 4 tests of a fixed sequence each (each wel
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_fuzz_programs(chunk):
-    """`make test`: 4 x 6 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` in
-    all) under the default `fork="auto"`; `test_fuzz_forked.py` runs 16
+    """`make test`: 4 x 4 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` in
+    all) under the default `fork="auto"`; `test_fuzz_forked.py` runs 12
     with `fork=True` (two files: xdist runs them side by side; `make test` must
     stay under CI's 8 minutes; `make fuzz` runs thousands)."""
-    n = -(-_examples(24) // CHUNKS)
+    n = -(-_examples(16) // CHUNKS)
     ran = _run(n, SMALL, forks=("auto",), chunk=chunk)
     print(f"fuzz: {ran} programs ({RAISING[0]} so far where Python raises for some example)", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"

@@ -31,6 +31,7 @@ def test_a_jitted_call_caches_no_tracer():
     assert np.isfinite(np.asarray(other.position)).all()
 
 
+@pytest.mark.matrix  # window adaptation's differential test (test_adaptation.py) stays in make test
 def test_window_adaptation_under_jit_equals_eager():
     run = lambda k: nuts.sample(gaussian, jnp.zeros(2), k, num_warmup=30, num_samples=5,  # noqa: E731
                                 adaptation="window", num_chains=3)

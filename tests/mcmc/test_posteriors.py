@@ -134,7 +134,7 @@ def _logistic(warmup, samples):
 
 
 def test_breast_cancer_logistic_regression_matches_blackjax():
-    _logistic(300, 400)
+    _logistic(200, 300)
 
 
 @pytest.mark.slow
