@@ -9,7 +9,6 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[test,notebooks]"
 	touch $(STAMP)
 

@@ -66,7 +66,7 @@ def test_forward_mode_equals_reverse_mode(f):
         assert_close(jnp.diag(jac), expected)
 
 
-@pytest.mark.parametrize("f", [junk, junk_fork], ids=["plain", "fork"])
+@pytest.mark.parametrize("f", [junk, pytest.param(junk_fork, marks=pytest.mark.matrix)], ids=["plain", "fork"])
 def test_forward_mode_through_jit(f):
     """jax.jvp, jax.linearize and jax.jacfwd of a jit-compiled function that
     calls an autobatched one (pcbatch cannot see the differentiation coming:
