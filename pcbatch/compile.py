@@ -172,7 +172,7 @@ class Executable:
     shallow_tries: int = 0
     shallow_misses: int = 0  # shallow runs that overflowed and ran again on full stacks
     # A pool's `runner` has compiled (an eager f.checked): plain calls use it rather than compile
-    # the lean one (a pool compiles in ~0.5-2 s; its count costs ~2% of a step, a plain machine's ~30%).
+    # the lean one (a pool compiles in ~0.5-2 s; its count costs ~2% of a step, a plain machine's ~37%).
     counted: bool = False
     differentiable: Differentiable | None = None
     gradient_program: Callable[[], StackProgram] | None = None

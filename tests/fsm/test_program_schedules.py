@@ -171,10 +171,10 @@ def test_forked_programs_match_the_dag_simulation(case, names, tree_case):
     graph = fsm.record(f, *args)
     want = f.reference(*args)
     policy = fsm.learn(f, *args, trials=10, seed=0, progress=False) if "fsm" in names else None  # any policy
-    hosts = {"earliest": fsm.Earliest, "depth": fsm.Depth, "agenda": fsm.Agenda,
-             "returns_last": lambda: fsm.ReturnsLast().for_program(f.lowered(*args)), "fsm": lambda: policy}
+    hosts = {"earliest": fsm.Earliest(), "depth": fsm.Depth(), "agenda": fsm.Agenda(),
+             "returns_last": fsm.ReturnsLast().for_program(f.lowered(*args)), "fsm": policy}
     for name in names:
-        host = hosts[name]()
+        host = hosts[name]
         g = f.with_schedule(policy if name == "fsm" else name)
         got, status = g.checked(*args)
         assert_close(got, want)

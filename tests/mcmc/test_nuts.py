@@ -75,10 +75,14 @@ def _keys(seed, chains):
     return jax.random.split(jax.random.PRNGKey(seed), chains)
 
 
+def _uturns_2d(chains: int = 4):
+    x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
+    return _run_both(LOGP2, x0, _keys(0, chains), 0.3, None, num_samples=8, max_tree_depth=6)
+
+
 def test_differential_2d_uturns_and_schedules():
     chains = 4
-    x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
-    out, ref, args = _run_both(LOGP2, x0, _keys(0, chains), 0.3, None, num_samples=8, max_tree_depth=6)
+    out, ref, args = _uturns_2d(chains)
     _assert_same(out, ref)
     steps = np.asarray(out.info.num_integration_steps)
     assert out.position.shape == (chains, 8, 2) and steps.shape == (chains, 8) and out.step_size.shape == (chains,)
@@ -100,9 +104,7 @@ def test_differential_2d_uturns_and_schedules():
 
 @pytest.mark.matrix  # two more compiled samplers; make test covers both ideas elsewhere (test_schedules, test_targets)
 def test_2d_uturns_under_earliest_and_one_leaf_per_step():
-    chains = 4
-    x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
-    out, ref, args = _run_both(LOGP2, x0, _keys(0, chains), 0.3, None, num_samples=8, max_tree_depth=6)
+    out, ref, args = _uturns_2d()
     steps = np.asarray(out.info.num_integration_steps)
     last = nuts.sampler(LOGP2, num_samples=8, max_tree_depth=6)
     _assert_same(last.with_schedule("earliest")(*args), ref)
