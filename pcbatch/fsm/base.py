@@ -42,7 +42,8 @@ class Scheduler(Protocol):
     the chosen one in every step, in that order, each for the lanes waiting
     at it then (a lane can pass through several in one step). Cheap control
     blocks between two expensive ones then cost no steps of their own
-    (`pcbatch.ir.flow.follow_order` gives an order)."""
+    (`pcbatch.ir.flow.follow_order` gives an order). A chosen block that is
+    also followed runs once, in its place in that order."""
 
     def init(self, num_blocks: int, num_lanes: int) -> Any: ...
 

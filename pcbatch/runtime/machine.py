@@ -307,17 +307,22 @@ class Machine:
             workspace: dict[str, Any], active: jax.Array | None = None, recorder: Any = None) -> tuple[Any, ...]:
         """`(result, status, workspace)`, and the tape last when a `recorder`
         (gradients, `grad/recorder.py`) is given."""
-        light = [b for b in range(self.prog.num_blocks) if b not in self.heavy]
+        # Blocks run after the chosen one (`Scheduler.follow`); not while
+        # recording, whose tape holds one block per step. A followed block is
+        # compiled once, there: chosen, it runs in its place in the follow
+        # order (its lanes wait for it; the blocks before it only add lanes),
+        # so the chosen block's switch and conditionals leave it out (NUTS:
+        # half the program, half the compile time).
+        followed = tuple(getattr(self.scheduler, "follow", ())) if recorder is None else ()
+        follow = [(b, self.block_cond(b, consts, inv, count=True)) for b in followed]
+        chosen = [b for b in range(self.prog.num_blocks) if b not in followed]
+        light = [b for b in chosen if b not in self.heavy]
         branches = [self._light_branch(b, consts, inv) for b in light]
-        if self.heavy:  # the switch's branch when a heavy block was chosen: nothing
+        if len(light) < self.prog.num_blocks:  # the switch's branch when another block was chosen: nothing
             branches.append(self._noop_branch())
             slot = jnp.asarray([light.index(b) if b in light else len(light)
                                 for b in range(self.prog.num_blocks)] + [len(light)], index_dtype())
-        in_place = [(b, self.block_cond(b, consts, inv)) for b in sorted(self.heavy)]
-        # Blocks run after the chosen one (`Scheduler.follow`); not while
-        # recording, whose tape holds one block per step.
-        follow = [(b, self.block_cond(b, consts, inv, count=True))
-                  for b in (getattr(self.scheduler, "follow", ()) if recorder is None else ())]
+        in_place = [(b, self.block_cond(b, consts, inv)) for b in sorted(self.heavy) if b not in followed]
         halt, max_steps = self.halt, self.max_steps
 
         def cond(state: MachineState):
@@ -333,10 +338,14 @@ class Machine:
             block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, depth, earliest))
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
             if light:
-                state = self._switch_step(slot[block] if self.heavy else block, block, branches, state)
+                state = self._switch_step(slot[block] if len(light) < self.prog.num_blocks else block, block,
+                                          branches, state)
             for b, run_in_place in in_place:
                 state = run_in_place(block == b, state)
-            state = state._replace(depth=depth + (before == block))
+            ran = before == block
+            if followed:  # a followed block counts where it runs, below
+                ran = ran & ~block_in(block, list(followed))
+            state = state._replace(depth=depth + ran)
             for b, run_in_place in follow:
                 state = run_in_place(jnp.any(state.pc == b), state)
             new = state._replace(sched=sched, steps=state.steps + 1)
