@@ -389,9 +389,7 @@ class Autobatched:
         workspace, exe.workspace = exe.workspace, None
         if workspace is None:
             workspace = exe.new_workspace()
-        lean = plain_call and not exe.counted
-        exe.counted = exe.counted or (not lean and exe.prog.has_forks)
-        result, status, exe.workspace = self._runner(exe, lean)(inputs, workspace)
+        result, status, exe.workspace = self._runner(exe, plain_call)(inputs, workspace)
         return result, status
 
     @staticmethod

@@ -152,8 +152,8 @@ class Executable:
     """What one call signature compiled to. `runner(inputs, workspace)` runs
     the machine (`(result, status, workspace)`); `lean_runner` is the same
     with `status.blocks_run` zeros (a plain call never shows it, and counting
-    costs a copy and a kernel per step; once a pool's `runner` has compiled,
-    eager plain calls use it too: `counted`); `workspace` is the last call's stacks,
+    costs a copy and a kernel per step; a pool's is its `runner`: there the
+    count costs ~2% of a step, a second compile 0.5-2 s); `workspace` is the last call's stacks,
     donated to the next (never read before written: no zero fill);
     `differentiable` is built on the first differentiated call, from
     `gradient_program()` where given (the program without loop forks, whose
@@ -171,9 +171,6 @@ class Executable:
     shallow_depth: int = -1  # frames per lane eager calls try first: -1 until the first call decides, 0 never
     shallow_tries: int = 0
     shallow_misses: int = 0  # shallow runs that overflowed and ran again on full stacks
-    # A pool's `runner` has compiled (an eager f.checked): plain calls use it rather than compile
-    # the lean one (a pool compiles in ~0.5-2 s; its count costs ~2% of a step, a plain machine's ~37%).
-    counted: bool = False
     differentiable: Differentiable | None = None
     gradient_program: Callable[[], StackProgram] | None = None
 
@@ -358,7 +355,10 @@ def compile_program(prog: StackProgram, signature: Signature, options: Options, 
     batch, sharding = signature.batch, signature.sharding
     if sharding is None:
         runner = jax.jit(functools.partial(machine, prog, batch), donate_argnums=(1,))
-        lean = jax.jit(functools.partial(machine, prog, batch, lean=True), donate_argnums=(1,))
+        # A plain machine's block count costs ~37% of a step (collatz, 1024 lanes): plain calls get a lean
+        # twin. A pool's costs ~2%: one machine, compiled once (0.5-2 s), serves plain and checked calls.
+        lean = runner if prog.has_forks else jax.jit(functools.partial(machine, prog, batch, lean=True),
+                                                     donate_argnums=(1,))
     else:  # one machine per device (pcbatch/sharding.py)
         runner = lean = sharding.runner(functools.partial(machine, prog), batch,
                                         dict(zip(prog.entry_params, signature.shared)))
