@@ -31,7 +31,7 @@ from pcbatch.runtime.config import MachineConfig, Status
 from pcbatch.runtime.loop import block_in, while_loop_recorded
 from pcbatch.runtime.stacks import StackLayout
 from pcbatch.runtime.state import MachineState
-from pcbatch.runtime.lanes import cast_to, first_true, select_where, zeros_of
+from pcbatch.runtime.lanes import DROP, cast_to, first_true, select_where, zeros_of
 from pcbatch.ir.core import (
     CONSTANT,
     INVARIANT,
@@ -265,13 +265,13 @@ class Machine:
                    "sps": {s: lane_state["sps"][s] for s in sub["sps"]}, "stacks": {}}
             for s in pushed:
                 row, value = writes[s]
-                out["stacks"][s] = tree_map(lambda a, y: a.at[row, lanes].set(y, mode="drop"),
+                out["stacks"][s] = tree_map(lambda a, y: a.at[row, lanes].set(y, **DROP),
                                             sub["stacks"][s], value)
             if "pc_sp" in sub:
                 out["pc_sp"] = lane_state["pc_sp"]
             if pc_write:
                 row, value = writes[PC]
-                out["pc_stack"] = sub["pc_stack"].at[row, lanes].set(value, mode="drop")
+                out["pc_stack"] = sub["pc_stack"].at[row, lanes].set(value, **DROP)
             if count:
                 out["depth"] = sub["depth"] + (sub["pc"] == b)
             return out
@@ -332,7 +332,7 @@ class Machine:
         def step(state: MachineState, observe):
             before, depth = state.pc, state.depth  # the step changes state.pc; the block count reads this one
             pc = jnp.minimum(before, halt)  # every halted lane looks alike to schedulers
-            counts = jnp.zeros((halt,), pc.dtype).at[before].add(1, mode="drop")  # halted lanes dropped
+            counts = jnp.zeros((halt,), pc.dtype).at[before].add(1, **DROP)  # halted lanes dropped
             # Clamped after the reduction: no elementwise pass over the lanes first (a kernel per step).
             earliest = jnp.minimum(jnp.min(before), halt)
             block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, depth, earliest))
@@ -379,7 +379,7 @@ class Machine:
             # Under a cond on the blocks that push: XLA then updates in place
             # (unconditionally, it copies the stack every step).
             stacks[v] = lax.cond(block_in(block, self.light_writers[v]),
-                                 lambda a, r, x: tree_map(lambda s, y: s.at[r, lanes].set(y, mode="drop"), a, x),
+                                 lambda a, r, x: tree_map(lambda s, y: s.at[r, lanes].set(y, **DROP), a, x),
                                  lambda a, r, x: a, stacks[v], row, value)
         pc_stack = stacks.pop(PC) if self.prog.has_calls else state.pc_stack
         return state._replace(pc=lane_state["pc"], regs={**state.regs, **lane_state["regs"]}, sps=lane_state["sps"],

@@ -60,7 +60,8 @@ from pcbatch.ir.flow import lane_successors, return_targets
 from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.state import FreeLanes, PoolState, Queues
-from pcbatch.runtime.lanes import cast_to, column, gather_rows, pad_rows, scatter_rows, with_columns, zeros_of
+from pcbatch.runtime.lanes import (DROP, FILL, cast_to, column, gather_rows, pad_rows, scatter_rows, with_columns,
+                                   zeros_of)
 from pcbatch.runtime.config import MachineConfig, Status
 from pcbatch.runtime.loop import block_in, while_loop_recorded
 from pcbatch.runtime.stacks import StackLayout
@@ -246,7 +247,7 @@ class PoolMachine:
         slot = jnp.where(running, jnp.cumsum(running, dtype=idx) - 1, M)
         # The free stack's top is its last slot: lane B is taken first.
         free_lanes = workspace["free"].at[:M - B].set(jnp.arange(M - 1, B - 1, -1, dtype=idx))
-        queues = Queues(workspace["queues"].at[entry, slot].set(examples, mode="drop"), jnp.zeros((nb,), idx),
+        queues = Queues(workspace["queues"].at[entry, slot].set(examples, **DROP), jnp.zeros((nb,), idx),
                         jnp.zeros((nb,), idx).at[entry].set(jnp.sum(running, dtype=idx)))
         pc = jnp.full((M,), self.free, idx).at[:B].set(jnp.where(running, entry, self.halt))
         return PoolState(
@@ -297,7 +298,7 @@ class PoolMachine:
         def run(view: dict[str, Any]) -> dict[str, Any]:
             ids = view["ids"][:W]
             valid = ids < M
-            own = view["lane"].at[ids].get(mode="fill", fill_value=0)
+            own = view["lane"].at[ids].get(**FILL, fill_value=0)
             get = lambda name: column(own, col[name])  # noqa: E731
             sps = {s: get(f"sp:{s}") for s in self.stacks}
             changes: dict[str, jax.Array] = {"depth": get("depth") + 1}
@@ -319,7 +320,7 @@ class PoolMachine:
                 return loaded[v], True
 
             def top(s: str) -> Any:
-                return tree_map(lambda a: a.at[jnp.maximum(sps[s] - 1, 0), ids].get(mode="fill", fill_value=0),
+                return tree_map(lambda a: a.at[jnp.maximum(sps[s] - 1, 0), ids].get(**FILL, fill_value=0),
                                 view["stacks"][s])
 
             taken: dict[str, Any] = {"head": None, "freed": [], "poison": jnp.zeros((W,), idx)}
@@ -331,10 +332,10 @@ class PoolMachine:
                         jnp.asarray(read(op.when)[0]) != 0, (W,))
                     took = when & (head < M)
                     taken["head"] = jnp.where(took, view["lane"].at[head, col["sibling"]].get(
-                        mode="fill", fill_value=M), head)
+                        **FILL, fill_value=M), head)
                     taken["freed"].append(jnp.where(took, head, M))
                     taken["poison"] = taken["poison"] | jnp.where(took, view["lane"].at[head, col["poison"]].get(
-                        mode="fill", fill_value=0), 0)
+                        **FILL, fill_value=0), 0)
                     return {op.out: cast_to(gather_rows(view["regs"][op.ret], head), types[op.out], None),
                             op.flag: head < M}
                 kids = own[:, self.kids]
@@ -355,7 +356,7 @@ class PoolMachine:
             pc_sp = get("pc_sp")
             pc_top = None
             if isinstance(block.term, Return):
-                pc_top = view["pc_stack"].at[jnp.maximum(pc_sp - 1, 0), ids].get(mode="fill", fill_value=self.halt)
+                pc_top = view["pc_stack"].at[jnp.maximum(pc_sp - 1, 0), ids].get(**FILL, fill_value=self.halt)
             ran = execute(block, self.stack_of, self.stacks, types, load, top, join,
                           Rows(valid, sps, pc_sp, pc_top, child), self.codes, D, W, launch=launch, index=b)
             stack_writes = ran.stack_writes
@@ -367,7 +368,7 @@ class PoolMachine:
                 kids = own[:, self.kids]
                 for k in range(len(block.ops[0].rets)):
                     changes["poison"] = changes["poison"] | view["lane"].at[kids[:, k], col["poison"]].get(
-                        mode="fill", fill_value=0)
+                        **FILL, fill_value=0)
                 freed = jnp.where(valid[:, None], kids, M).reshape(-1)
 
             link = (jnp.full((W,), M, idx), jnp.full((W,), M, idx))  # (lane, its new next sibling)
@@ -446,7 +447,7 @@ class PoolMachine:
                 pc = jnp.where(can, -1 - term.join, term.seq).astype(idx)
             finished = ran.finished
             if b in self.stoppers:  # once it holds no children, a lane of a failed example stops here
-                stop = (valid & (view["failed"].at[get("example")].get(mode="fill", fill_value=0) != 0)
+                stop = (valid & (view["failed"].at[get("example")].get(**FILL, fill_value=0) != 0)
                         & (get("pending") == 0) & (get("kid_head") == M))
                 pc = jnp.where(stop, jnp.where(child, self.done, self.halt), pc).astype(idx)
                 finished = finished | (stop & child)
@@ -522,38 +523,38 @@ class PoolMachine:
             at their `rank`s; `added` counts them per block."""
             to = jnp.minimum(dest, nb - 1)
             pos = (queues.head[to] + queues.count[to] + rank) % M
-            return queues._replace(lanes=queues.lanes.at[dest, pos].set(lanes, mode="drop"),
+            return queues._replace(lanes=queues.lanes.at[dest, pos].set(lanes, **DROP),
                                    count=queues.count + added)
 
         def finish(lane, claim, queues, pc, parent, depth):
             """Children that finished: their parents' pending counts drop, and
             a parent whose count reaches 0 waits at its join block."""
-            lane = lane.at[parent, col["pending"]].add(-1, mode="drop")
+            lane = lane.at[parent, col["pending"]].add(-1, **DROP)
             # A Join comes after its children's last blocks: its depth (for
             # the depth/agenda schedulers) is the longest path through them.
-            lane = lane.at[parent, col["depth"]].max(depth, mode="drop")
+            lane = lane.at[parent, col["depth"]].max(depth, **DROP)
             r = jnp.arange(N, dtype=pc.dtype)
-            claim = claim.at[parent].set(r, mode="drop")  # one of the siblings speaks for the parent
-            woke = ((parent < M) & (claim.at[parent].get(mode="fill", fill_value=-1) == r)
-                    & (lane.at[parent, col["pending"]].get(mode="fill", fill_value=1) == 0)
-                    & (pc.at[parent].get(mode="fill", fill_value=0) < 0))  # a launching parent may not wait yet
-            join = -1 - pc.at[parent].get(mode="fill", fill_value=0)
+            claim = claim.at[parent].set(r, **DROP)  # one of the siblings speaks for the parent
+            woke = ((parent < M) & (claim.at[parent].get(**FILL, fill_value=-1) == r)
+                    & (lane.at[parent, col["pending"]].get(**FILL, fill_value=1) == 0)
+                    & (pc.at[parent].get(**FILL, fill_value=0) < 0))  # a launching parent may not wait yet
+            join = -1 - pc.at[parent].get(**FILL, fill_value=0)
             dest = jnp.where(woke, join, nb)
             rank, added = ranks_by(dest, self.joins, nb)
             queues = enqueue(queues, parent, dest, rank, added)
-            pc = pc.at[jnp.where(woke, parent, M)].set(join, mode="drop")
+            pc = pc.at[jnp.where(woke, parent, M)].set(join, **DROP)
             return lane, claim, queues, pc
 
         def spawn(pc, lane, kid, starts, rows, link):
-            pc = pc.at[kid].set(starts, mode="drop")
-            lane = lane.at[kid].set(rows, mode="drop")
-            return pc, lane.at[link[0], col["sibling"]].set(link[1], mode="drop")
+            pc = pc.at[kid].set(starts, **DROP)
+            lane = lane.at[kid].set(rows, **DROP)
+            return pc, lane.at[link[0], col["sibling"]].set(link[1], **DROP)
 
         def release(free: FreeLanes, pc, freed):
             back = freed < M
             slot = jnp.where(back, free.top + jnp.cumsum(back, dtype=pc.dtype) - 1, M)
-            free = FreeLanes(free.lanes.at[slot].set(freed, mode="drop"), free.top + jnp.sum(back, dtype=pc.dtype))
-            return free, pc.at[freed].set(self.free, mode="drop")
+            free = FreeLanes(free.lanes.at[slot].set(freed, **DROP), free.top + jnp.sum(back, dtype=pc.dtype))
+            return free, pc.at[freed].set(self.free, **DROP)
 
         def step(state: PoolState, observe):
             pc, queues = state.pc, state.queues
@@ -573,9 +574,9 @@ class PoolMachine:
             view = {"lane": state.lane, "regs": state.regs, "stacks": state.stacks, "pc_stack": state.pc_stack,
                     "ids": ids, "n": n, "free": free, "free_top": free_top, "failed": state.failed}
             out = lax.switch(block, branches, view)
-            lane = state.lane.at[ids].set(out["lane"], mode="drop")
+            lane = state.lane.at[ids].set(out["lane"], **DROP)
             examples = jnp.where(ids < M, column(out["lane"], col["example"]), B)
-            work = state.work.at[examples].add(1, mode="drop")
+            work = state.work.at[examples].add(1, **DROP)
             failed = state.failed
             if self.fail_blocks:  # only steps at a Fail block pay for flagging its lanes' examples
                 failed = lax.cond(block_in(block, self.fail_blocks), self._flag_failed, lambda f, *_: f,
@@ -590,15 +591,15 @@ class PoolMachine:
             for writers, names in self.stack_groups:
                 stacks.update(lax.cond(
                     block_in(block, writers),
-                    lambda a, r, x: {s: tree_map(lambda y, z: y.at[r[s], ids].set(z, mode="drop"), a[s], x[s])
+                    lambda a, r, x: {s: tree_map(lambda y, z: y.at[r[s], ids].set(z, **DROP), a[s], x[s])
                                      for s in a},
                     lambda a, r, x: a, {s: stacks[s] for s in names}, {s: out["stack_rows"][s] for s in names},
                     {s: out["stack_values"][s] for s in names}))
             row, value = out["pc_row"], out["pc_value"]
             pc_stack = lax.cond(block_in(block, self.pushjumps),
-                                lambda a: a.at[row, ids].set(value, mode="drop"), lambda a: a, state.pc_stack)
+                                lambda a: a.at[row, ids].set(value, **DROP), lambda a: a, state.pc_stack)
             kid = out["spawn_lanes"]
-            pc = pc.at[ids].set(out["pc"], mode="drop")
+            pc = pc.at[ids].set(out["pc"], **DROP)
             queues = enqueue(queues, jnp.concatenate([ids, kid]),
                              *ranks_by_slot(out["slot"], self.successor_table[block], nb))
             # Children spawned (Fork, Launch): their pcs and rows; a launch appends to its parent's
@@ -644,8 +645,8 @@ class PoolMachine:
     def _flag_failed(failed: jax.Array, examples: jax.Array, block: jax.Array) -> jax.Array:
         """The examples of a step's lanes at a Fail block (`examples`: B where none) are
         failed there (1 + the block), unless an earlier Fail already flagged them."""
-        before = failed.at[examples].get(mode="fill", fill_value=0)
-        return failed.at[examples].set(jnp.where(before == 0, block + 1, before).astype(failed.dtype), mode="drop")
+        before = failed.at[examples].get(**FILL, fill_value=0)
+        return failed.at[examples].set(jnp.where(before == 0, block + 1, before).astype(failed.dtype), **DROP)
 
     def _spawn_params(self, term: Fork, consts: dict[str, Any], inv: dict[str, Any], kid: jax.Array,
                       src: jax.Array, example: jax.Array):
