@@ -57,7 +57,9 @@ def test_queue_ranks_by_successor_place_equal_counting_in_python(seed, places, r
     used = sorted(rng.choice(blocks, min(places, blocks), replace=False).tolist())
     successors = used + [blocks] * (places - len(used))          # padding places name no block
     slot = rng.integers(0, len(used) + 2, rows).astype(np.int32)  # past the real places: no queue
-    dest, rank, added = ranks_by_slot(jnp.asarray(slot), jnp.asarray(successors, jnp.int32), blocks)
+    # Under jit, as in the machine (eagerly, each of its ops compiles for every new shape).
+    dest, rank, added = jax.jit(ranks_by_slot, static_argnums=2)(jnp.asarray(slot), jnp.asarray(successors, jnp.int32),
+                                                                  blocks)
     want_dest, want_rank, seen = [], [], {}
     for k in slot:
         d = used[k] if k < len(used) else blocks
