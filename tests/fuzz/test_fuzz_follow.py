@@ -6,6 +6,7 @@ blocks in one step (calls, returns, stack pushes and pops included)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -84,13 +85,8 @@ def test_a_followed_block_is_compiled_once():
     import jax
     import jax.numpy as jnp
 
-    @pcbatch.autobatch(fork=False)
-    def collatz(n):
-        steps = 0
-        while n != 1:
-            n = n // 2 if n % 2 == 0 else 3 * n + 1
-            steps += 1
-        return steps
+    sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
+    from corpus import collatz
 
     x = jnp.arange(1, 9)
     in_place = collatz.with_options(tuning=pcbatch.Tuning(switch_max_leaves=-1))  # each block a lax.cond, as followed
