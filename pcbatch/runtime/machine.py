@@ -125,12 +125,6 @@ class Machine:
             if (small_leaves > config.tuning.switch_max_leaves or large.intersection(regs)
                     or large_stacks.intersection(popped + pushed)):
                 self.heavy.add(b)
-        light = [b for b in range(prog.num_blocks) if b not in self.heavy]
-        self.light_writers = {st: [b for b in ws if b in light] for st, ws in self.stack_writers.items()}
-        self.light_writers = {st: ws for st, ws in self.light_writers.items() if ws}
-        self.light_popped = sorted({st for b in light for st in self._footprint(b)[2]}
-                                   | ({PC} if any(isinstance(self.prog.blocks[b].term, Return) and prog.has_calls
-                                                  for b in light) else set()))
 
     # --- state -----------------------------------------------------------
 
@@ -237,6 +231,15 @@ class Machine:
         reads.update(v for v in term_reads(block.term) if v in stored)
         return sorted(reads | writes), sorted(writes), sorted(popped), sorted(pushed)
 
+    def _switch_stacks(self, light: list[int]) -> tuple[dict[str, list[int]], list[str]]:
+        """For the blocks in the switch (`light`): per stack, those that push
+        it (none: no entry), and the stacks they pop (the pc stack for a Return)."""
+        writers = {st: [b for b in ws if b in light] for st, ws in self.stack_writers.items()}
+        popped = {st for b in light for st in self._footprint(b)[2]}
+        if self.prog.has_calls and any(isinstance(self.prog.blocks[b].term, Return) for b in light):
+            popped.add(PC)
+        return {st: ws for st, ws in writers.items() if ws}, sorted(popped)
+
     def block_cond(self, b: int, consts: dict[str, Any], inv: dict[str, Any], count: bool = False):
         """`(run_it, state) -> state`: block b run in place, for the lanes
         waiting at it, where the scalar `run_it` is true. `count`: the lanes
@@ -315,11 +318,12 @@ class Machine:
         # half the program, half the compile time).
         followed = tuple(getattr(self.scheduler, "follow", ())) if recorder is None else ()
         follow = [(b, self.block_cond(b, consts, inv, count=True)) for b in followed]
-        chosen = [b for b in range(self.prog.num_blocks) if b not in followed]
-        light = [b for b in chosen if b not in self.heavy]
-        branches = [self._light_branch(b, consts, inv) for b in light]
-        if len(light) < self.prog.num_blocks:  # the switch's branch when another block was chosen: nothing
-            branches.append(self._noop_branch())
+        light = [b for b in range(self.prog.num_blocks) if b not in self.heavy and b not in followed]
+        writers, popped = self._switch_stacks(light)
+        branches = [self._light_branch(b, consts, inv, writers) for b in light]
+        some_elsewhere = len(light) < self.prog.num_blocks
+        if some_elsewhere:  # the switch's branch when another block was chosen: nothing
+            branches.append(self._noop_branch(writers))
             slot = jnp.asarray([light.index(b) if b in light else len(light)
                                 for b in range(self.prog.num_blocks)] + [len(light)], index_dtype())
         in_place = [(b, self.block_cond(b, consts, inv)) for b in sorted(self.heavy) if b not in followed]
@@ -338,8 +342,8 @@ class Machine:
             block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, depth, earliest))
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
             if light:
-                state = self._switch_step(slot[block] if len(light) < self.prog.num_blocks else block, block,
-                                          branches, state)
+                state = self._switch_step(slot[block] if some_elsewhere else block, block, branches, writers,
+                                          popped, state)
             for b, run_in_place in in_place:
                 state = run_in_place(block == b, state)
             ran = before == block
@@ -362,8 +366,10 @@ class Machine:
         out = result, status, {"stacks": final.stacks, "pc_stack": pc_stack}
         return out if recorder is None else (*out, tape)
 
-    def _switch_step(self, index: jax.Array, block: jax.Array, branches: list, state: MachineState) -> MachineState:
-        """The light blocks: one `lax.switch` (branch `index`) over the small state."""
+    def _switch_step(self, index: jax.Array, block: jax.Array, branches: list, writers: dict[str, list[int]],
+                     popped: list[str], state: MachineState) -> MachineState:
+        """The light blocks: one `lax.switch` (branch `index`) over the small state
+        (`writers`, `popped`: `_switch_stacks` of its blocks)."""
         lanes = self.lane_ids
         stacks = dict(state.stacks)
         if self.prog.has_calls:
@@ -373,32 +379,32 @@ class Machine:
         # Only the tops go into the switch: a whole stack there would be copied
         # every step (XLA cannot tell the branch's read precedes the scatter below).
         sps = {**self.layout.pointers(lane_state["sps"]), **({PC: lane_state["pc_sp"]} if PC in stacks else {})}
-        tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s]) for s in self.light_popped}
+        tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s]) for s in popped}
         lane_state, writes = lax.switch(index, branches, lane_state, tops)
         for v, (row, value) in writes.items():
             # Under a cond on the blocks that push: XLA then updates in place
             # (unconditionally, it copies the stack every step).
-            stacks[v] = lax.cond(block_in(block, self.light_writers[v]),
+            stacks[v] = lax.cond(block_in(block, writers[v]),
                                  lambda a, r, x: tree_map(lambda s, y: s.at[r, lanes].set(y, **DROP), a, x),
                                  lambda a, r, x: a, stacks[v], row, value)
         pc_stack = stacks.pop(PC) if self.prog.has_calls else state.pc_stack
         return state._replace(pc=lane_state["pc"], regs={**state.regs, **lane_state["regs"]}, sps=lane_state["sps"],
                               pc_sp=lane_state.get("pc_sp", state.pc_sp), pc_stack=pc_stack, stacks=stacks)
 
-    def _light_branch(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
+    def _light_branch(self, b: int, consts: dict[str, Any], inv: dict[str, Any], writers: dict[str, list[int]]):
         run = self.block_fn(b, consts, inv)
 
         def branch(lane_state, tops):
             lane_state, writes = run(lane_state, tops)
-            return lane_state, {s: writes[s] for s in self.light_writers}
+            return lane_state, {s: writes[s] for s in writers}
         return branch
 
-    def _noop_branch(self):
+    def _noop_branch(self, writers: dict[str, list[int]]):
         no_write = jnp.full((self.lanes,), self.depth, index_dtype())
         types = {**self.stacks, PC: jax.ShapeDtypeStruct((), index_dtype())}
 
         def branch(lane_state, tops):
-            return lane_state, {s: (no_write, zeros_of(types[s], (self.lanes,))) for s in self.light_writers}
+            return lane_state, {s: (no_write, zeros_of(types[s], (self.lanes,))) for s in writers}
         return branch
 
 
