@@ -1,8 +1,9 @@
 """The random-program differential test (`test_fuzz.py`) on the plain machine
 with every block a follow block (`Scheduler.follow`): each step runs the
 chosen block and then every other block once, in `follow_order`, for the lanes
-waiting at it (a chosen block that is followed too runs once, in its place). The results must not change; a lane then often runs several
-blocks in one step (calls, returns, stack pushes and pops included)."""
+waiting at it (a chosen block that is followed too runs once, in its place).
+The results must not change; a lane then often runs several blocks in one
+step (calls, returns, stack pushes and pops included)."""
 from __future__ import annotations
 
 import sys
