@@ -204,6 +204,15 @@ def _where(c, a, b):
     return jax.tree_util.tree_map(lambda u, v: jnp.where(c, u, v), a, b)
 
 
+def _per_chain(flag):
+    """`flag`, computed once per chain. XLA fuses a chain's scalar into every
+    `[chains, dim]` select that reads it and recomputes it there per element:
+    a threefry hash (~100 ops) ten times over on a 10-d target. A reduction
+    is a kernel of its own, so the value behind it is computed once (eight
+    schools and the funnel at 128 chains: 1.2-1.3x faster per call)."""
+    return jnp.any(jnp.stack([flag, jnp.zeros_like(flag)]), axis=0)
+
+
 def _leaf(value_and_grad, steps, edge, acc, inv_mass, max_delta_energy):
     """`steps` leapfrog steps from the edge; the last state is the leaf. It
     joins the running totals (and maybe becomes the proposal)."""
@@ -219,7 +228,7 @@ def _leaf(value_and_grad, steps, edge, acc, inv_mass, max_delta_energy):
     divergent = -delta > max_delta_energy
     key, k_take = _random.split(acc.key)
     log_weight = jnp.logaddexp(acc.log_weight, delta)
-    take = _random.uniform(k_take) < jnp.exp(delta - log_weight)
+    take = _per_chain(_random.uniform(k_take) < jnp.exp(delta - log_weight))
     acc = Acc(prop_x=jnp.where(take, x, acc.prop_x), prop_g=jnp.where(take, g, acc.prop_g),
               prop_logp=jnp.where(take, logp, acc.prop_logp), log_weight=log_weight,
               sum_metro=acc.sum_metro + jnp.minimum(1.0, jnp.exp(delta)).astype(x.dtype),
@@ -265,7 +274,7 @@ def _bottom(value_and_grad, steps, levels, depth, edge, acc, inv_mass, max_delta
     edge2, acc2, rho2, p_beg2, valid2 = _bottom(value_and_grad, steps, levels - 1, levels - 1, edge1, acc1, *args)
     second = Subtree(rho2, _seam(p_beg2, criterion), valid2)
     rho, valid = _join(p_beg, _seam(edge1.p, criterion), rho1, second, edge2.p, inv_mass, criterion)
-    use2 = valid1 & (depth >= levels)
+    use2 = _per_chain(valid1 & (depth >= levels))
     return (_where(use2, edge2, edge1), _where(use2, acc2, acc1), jnp.where(use2, rho, rho1), p_beg,
             jnp.where(use2, valid, valid1))
 
@@ -306,7 +315,7 @@ def _extend(traj, edge, acc, sub, forward, key, inv_mass, criterion):
     sign = jnp.where(forward, 1.0, -1.0).astype(edge.x.dtype)
     end = Edge(edge.x, sign * edge.p, edge.g, edge.logp)
     sub_rho, sub_p_beg = sign * sub.rho, sign * sub.p_beg
-    take = sub.valid & (_random.uniform(key) < jnp.exp(acc.log_weight - traj.log_weight))
+    take = _per_chain(sub.valid & (_random.uniform(key) < jnp.exp(acc.log_weight - traj.log_weight)))
     left = _where(forward, traj.left, end)
     right = _where(forward, end, traj.right)
     rho = traj.rho + sub_rho
@@ -522,7 +531,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
             while True:
                 # One doubling: a subtree of 2**depth leaves in a random direction.
                 k_traj, k_direction, k_sub, k_accept = _random.split(k_traj, 4)
-                forward = _random.uniform(k_direction) < 0.5
+                forward = _per_chain(_random.uniform(k_direction) < 0.5)
                 edge = _outer_edge(traj, forward)
                 edge, acc, sub = build_tree(depth, edge, _fresh_acc(edge, H0, adapt.step_size, k_sub, mass),
                                             inv_mass)

@@ -16,6 +16,8 @@
 """
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -166,6 +168,30 @@ def test_leaves_per_step_auto_follows_the_gradient_cost():
     assert nuts.auto_leaves_per_step(LOGP2, jnp.zeros((128, 2))) == 2
     with pytest.raises(ValueError, match="leaves_per_step"):
         nuts.sampler(LOGP2, num_samples=2, leaves_per_step=3)
+
+
+def _hashing_vector_kernels(hlo: str) -> list[str]:
+    """The fused kernels of optimized HLO that write a float `[chains, dim]`
+    array and evaluate a threefry round (a u32 xor) on the way."""
+    found = []
+    for comp in re.split(r"\n(?=%)", hlo):
+        head = comp.split("\n", 1)[0]
+        root = re.search(r"ROOT \S+ = (\S+) ", comp)
+        if (head.startswith("%fused") and root and re.match(r"f(16|32|64)\[\d+,\d+", root.group(1))
+                and re.search(r" u32\[[^\]]*\]\{[^}]*\} xor\(", comp)):
+            found.append(head.split(" ")[0])
+    return found
+
+
+def test_random_draws_are_hashed_once_per_chain_not_per_coordinate():
+    # XLA fuses a chain's random flag into each [chains, dim] select that reads
+    # it and recomputes the hash there per element (`nuts._per_chain`).
+    chains, dim = 8, 5
+    args = nuts.prepare(jnp.zeros((chains, dim)), _keys(0, chains), 0.5, None, 2)[0]
+    prog = nuts.sampler(LOGP5, num_samples=2, leaves_per_step=2, uturn_criterion="numpyro")
+    hlo = jax.jit(prog.checked).lower(*args).compile().as_text()
+    assert " xor(" in hlo  # the hashes are in the machine ...
+    assert _hashing_vector_kernels(hlo) == []  # ... and none in a per-coordinate kernel
 
 
 def test_differential_5d_leapfrogs_per_leaf_per_chain_step_and_max_depth():
