@@ -712,11 +712,15 @@ def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, t
 # `auto_leaves_per_step`: one leaf per step once a gradient costs more XLA
 # flops than this per step plus this per chain (2-core CPU, 2026-11-26).
 SINGLE_LEAF_FLOPS = (2 ** 21, 2 ** 17)
+# Four leaves per step where a gradient costs at most this many flops, with at
+# most this many chains and coordinates over all chains (2-core CPU, 2026-11-27).
+FOUR_LEAVES = (2 ** 10, 64, 2 ** 11)
 
 
 def auto_leaves_per_step(logdensity_fn: Callable, initial_positions: Any) -> int:
     """`sample`'s `leaves_per_step="auto"`: 1 where a gradient costs more than
-    the machine steps that pairs of leaves save, else 2.
+    the machine steps that pairs of leaves save, 4 where gradients are cheap and
+    the chains few, else 2.
 
     Two leaves per step halve the machine steps between gradients but waste
     one gradient per transition (its first doubling needs one leaf). A step's
@@ -725,14 +729,25 @@ def auto_leaves_per_step(logdensity_fn: Callable, initial_positions: Any) -> int
     / chains + SINGLE_LEAF_FLOPS[1]`. Measured (`benchmarks/nuts.py`): Bayesian
     logistic regression on 10,000 points (4.2 Mflop) runs 1.08-1.15x faster
     with one leaf at 1, 16 and 128 chains, the 100-d Gaussian (41 kflop)
-    1.4-1.7x slower."""
+    1.4-1.7x slower.
+
+    Where a gradient is nearly free and few chains share a step, the step's
+    fixed cost is the run's cost, and four leaves per step pay for the leaves
+    they waste: `FOUR_LEAVES` (flops, chains, chains x coordinates). Measured
+    at 16-64 chains (interleaved, same draws): the funnel and eight schools
+    (10-d, 50 and 199 flops) 1.1-1.3x faster, the 50-d Student-t and the
+    centered funnel at 16 chains 1.1x; at 128 chains the wasted leaves cost
+    more than the steps saved (the Student-t 0.9x, the centered funnel 0.8x)."""
     x = initial_positions if isinstance(initial_positions, jax.Array) else jnp.asarray(initial_positions)
     chains = x.shape[0] if x.ndim == 2 else 1
     flops = _gradient_flops(logdensity_fn, x.shape[-1], jnp.dtype(x.dtype).name)
     if flops is None:  # no cost model on this backend: the default
         return 2
     per_step, per_chain = SINGLE_LEAF_FLOPS
-    return 1 if flops >= per_step / chains + per_chain else 2
+    if flops >= per_step / chains + per_chain:
+        return 1
+    cheap, few, coordinates = FOUR_LEAVES
+    return 4 if flops <= cheap and chains <= few and chains * x.shape[-1] <= coordinates else 2
 
 
 @functools.lru_cache(maxsize=64)
@@ -928,10 +943,9 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
         step, so half the steps between gradients, but a transition's first
         doubling (one leaf) computes a second, wasted one. 1: one leaf per step,
         nothing wasted. 4 or 8: fewer steps still, more leaves wasted (the first
-        doublings, and a subtree cut short inside the step); measured on cheap
-        gradients 0.75-1.35x the pairs' speed, so never chosen for you. "auto"
-        (default): 1 where gradients dominate the machine's steps
-        (`auto_leaves_per_step`), else 2. The draws are the same up to floating-point
+        doublings, and a subtree cut short inside the step). "auto" (default):
+        1 where gradients dominate the machine's steps, 4 where they are nearly
+        free and the chains few (up to 64), else 2 (`auto_leaves_per_step`). The draws are the same up to floating-point
         rounding (a gradient is computed in a batch of another width), which warm-up can
         grow into different draws from the same distribution.
       gradient_budget: for chains that stay slow (a funnel's neck: 1023 leaves

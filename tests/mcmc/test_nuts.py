@@ -166,6 +166,13 @@ def test_leaves_per_step_auto_follows_the_gradient_cost():
     assert nuts.auto_leaves_per_step(medium, jnp.zeros((1, 300))) == 2
     assert nuts.auto_leaves_per_step(medium, jnp.zeros((128, 300))) == 1
     assert nuts.auto_leaves_per_step(LOGP2, jnp.zeros((128, 2))) == 2
+    # A nearly free gradient and few chains: the step's fixed cost is all, four leaves a step.
+    def isotropic(x):  # ~3 flops a coordinate
+        return -0.5 * jnp.sum(x * x)
+    assert nuts.auto_leaves_per_step(LOGP2, jnp.zeros((16, 2))) == 4
+    assert nuts.auto_leaves_per_step(isotropic, jnp.zeros((16, 50))) == 4
+    assert nuts.auto_leaves_per_step(isotropic, jnp.zeros((64, 50))) == 2   # many coordinates: wasted leaves cost
+    assert nuts.auto_leaves_per_step(_gaussian(np.eye(100)), jnp.zeros((16, 100))) == 2  # ~40 kflop: not free
     with pytest.raises(ValueError, match="leaves_per_step"):
         nuts.sampler(LOGP2, num_samples=2, leaves_per_step=3)
 
