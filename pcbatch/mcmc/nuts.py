@@ -945,9 +945,10 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
         nothing wasted. 4 or 8: fewer steps still, more leaves wasted (the first
         doublings, and a subtree cut short inside the step). "auto" (default):
         1 where gradients dominate the machine's steps, 4 where they are nearly
-        free and the chains few (up to 64), else 2 (`auto_leaves_per_step`). The draws are the same up to floating-point
-        rounding (a gradient is computed in a batch of another width), which warm-up can
-        grow into different draws from the same distribution.
+        free and the chains few (up to 64), else 2 (`auto_leaves_per_step`).
+        The draws are the same up to floating-point rounding (a gradient is
+        computed in a batch of another width), which warm-up can grow into
+        different draws from the same distribution.
       gradient_budget: for chains that stay slow (a funnel's neck: 1023 leaves
         a transition, transition after transition), each chain stops after the
         transition in which its gradient evaluations reach this many, or after
