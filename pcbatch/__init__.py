@@ -8,6 +8,7 @@ from pcbatch.options import Options
 from pcbatch.runtime.options import Tuning
 from pcbatch.errors import (
     ArgumentError,
+    DtypeOverflowError,
     ExampleError,
     ForwardModeError,
     MaxStepsExceededError,
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArgumentError",
     "Autobatched",
+    "DtypeOverflowError",
     "ExampleError",
     "ForwardModeError",
     "MaxStepsExceededError",

@@ -34,6 +34,26 @@ if TYPE_CHECKING:
 
 tree_util = jax.tree_util
 
+
+def _stack_examples(*values: Any) -> jax.Array:
+    """One result leaf of every example, stacked as JAX promotes them (a Python
+    number takes the others' type: `0` beside int8 stays int8), except where
+    that type cannot hold an example's value (a Python int beyond int32 beside
+    an int32 under x64, a float beyond float16's range): then in the wider type
+    of the values, never wrapped or overflowed to inf."""
+    arrays = [jnp.asarray(v) for v in values]
+    stacked = jnp.stack(arrays)
+    wide = np.result_type(*(a.dtype for a in arrays))
+    if wide == stacked.dtype:
+        return stacked
+    narrow = np.asarray(stacked).astype(wide)
+    exact = np.stack([np.asarray(a).astype(wide) for a in arrays])
+    if np.issubdtype(stacked.dtype, np.floating) or np.issubdtype(stacked.dtype, np.complexfloating):
+        lost = np.isfinite(exact) & ~np.isfinite(narrow)
+    else:
+        lost = exact != narrow
+    return jnp.stack([a.astype(wide) for a in arrays]) if np.any(lost) else stacked
+
 class Autobatched:
     """A function written for one example that runs on a whole batch.
 
@@ -166,7 +186,7 @@ class Autobatched:
         with _context.in_python_mode():
             for i in range(bound.batch):
                 outs.append(reference_call(self.target, bound.example(i)))
-        return tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *outs)
+        return tree_util.tree_map(_stack_examples, *outs)
 
     def trace(self, *args: Any, steps: int = 4096, per_lane: bool = False, **kwargs: Any) -> StepTrace:
         """Run the machine on these arguments and record, inside the loop, each

@@ -69,6 +69,23 @@ class TypeMismatchError(PcbatchError):
         )
 
 
+
+class DtypeOverflowError(TypeMismatchError, OverflowError):
+    """A Python number that the dtype its variable has on another path cannot
+    hold (`2 ** 40` beside an int32 under x64): the join would wrap it."""
+
+    def __init__(self, var: str, value: str, dtype: str, loc: Loc | None):
+        self.var = var
+        fn, _, local = var.rpartition(".")
+        what = f"the return value of `{fn}`" if local == "<ret>" else f"variable `{var}`"
+        where = f"\n{loc.quote()}" if loc else ""
+        PcbatchError.__init__(
+            self,
+            f"{what} is {value} here:{where}\nwhich does not fit {dtype}, its type joined over every path "
+            "(a Python number takes the type of the other paths' values, as in JAX).\n"
+            f"Hint: give the other paths' values a dtype that holds it (`.astype(...)`), or make this one "
+            "an array of the dtype you mean (`jnp.asarray(..., jnp.int64)`).")
+
 class StackOverflowError(PcbatchError):
     """Some example's recursion went deeper than `max_stack_depth`."""
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pcbatch.errors import DtypeOverflowError
 from pcbatch.ir.core import (
     CONSTANT,
     INVARIANT,
@@ -40,6 +41,7 @@ from pcbatch.ir.core import (
     op_reads,
     op_writes,
 )
+from pcbatch.ir.printer import format_type
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.lanes import cast_to, zeros_of
 from pcbatch.runtime.stacks import StackLayout
@@ -99,7 +101,13 @@ def run_prim(op: Prim, read, types: Any, lanes: int | None) -> dict[str, Any]:
         outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
     else:
         outs = op.fn(*vals)
-    return {v: cast_to(x, types[v], None if any(batched) else lanes) for v, x in zip(op.outs, outs)}
+    cast = {}
+    for v, x in zip(op.outs, outs):
+        try:
+            cast[v] = cast_to(x, types[v], None if any(batched) else lanes)
+        except OverflowError as e:  # a Python int beyond the joined dtype: JAX refuses it
+            raise DtypeOverflowError(v, f"{x!r}", format_type(types[v]), op.loc) from e
+    return cast
 
 
 def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, types: Any,

@@ -52,7 +52,12 @@ def to_x64(case: FuzzCase) -> FuzzCase:
 
 def check_case_x64(case: FuzzCase) -> None:
     case = to_x64(case)
-    module = _load(case.source)
+    # The module is imported with x64 on too, as an x64 program is: its constants
+    # (`TABLE = jnp.array([...])`) int64. Made with x64 off they are int32, and a
+    # Python int joined with them takes int32 (JAX's promotion; the case is
+    # `test_x64.py::test_python_int_beside_an_int32_value`).
+    with _x64_on():
+        module = _load(case.source)
     try:
         with _x64_on():
             fn = configured(getattr(module, case.entry), case)

@@ -285,6 +285,43 @@ def _grad_pairs(fn, args, i):
         yield f"fork={fork} jit(grad)", jax.jit(jax.grad(loss(f)))(args[i]), want
 
 
+
+TABLE32 = jnp.asarray([3, -1, 4, 1], jnp.int32)  # a 32-bit constant, as code written for x64 off makes
+
+
+@pcbatch.autobatch(fork=False)
+def beside_int32(d):
+    v = 7
+    if d <= 0:
+        return v
+    v = TABLE32[d % 4]
+    return v
+
+
+@pcbatch.autobatch(fork=False)
+def wide_beside_int32(d):
+    v = 2 ** 40  # WIDE_PYTHON_INT
+    if d <= 0:
+        return v
+    v = TABLE32[d % 4]
+    return v
+
+
+def test_python_int_beside_an_int32_value():
+    """A Python int takes the type of the int32 value on the other path (JAX's
+    promotion, the join): where it fits, the machine's int32 result is the
+    examples' values; where it does not, a named error quotes its line, and
+    the reference stacks the examples in a type that holds them (it wrapped
+    2**40 to 0 before)."""
+    d = np.asarray([0, 3], np.int64)
+    out, ref = beside_int32(d), beside_int32.reference(d)
+    assert out.dtype == np.int32 and out.tolist() == ref.tolist() == [7, 1]
+    with pytest.raises(pcbatch.DtypeOverflowError, match="does not fit i32") as e:
+        wide_beside_int32(d)
+    assert "v = 2 ** 40  # WIDE_PYTHON_INT" in str(e.value) and isinstance(e.value, OverflowError)
+    ref = wide_beside_int32.reference(d)
+    assert ref.dtype == np.int64 and ref.tolist() == [2 ** 40, 1]
+
 def test_gradients_fork_join_float64():
     args = (jnp.asarray([1.0, 0.75, 2.0], jnp.float64), jnp.asarray([6, 4, 1], jnp.int64))
     for label, got, want in _grad_pairs(ftree, args, 0):
