@@ -46,6 +46,12 @@ class UnsupportedSyntaxError(PcbatchError):
         super().__init__(text)
 
 
+def _what(var: str) -> str:
+    """How an error names an IR variable: `f.<ret>` is f's return value."""
+    fn, _, local = var.rpartition(".")
+    return f"the return value of `{fn}`" if local == "<ret>" else f"variable `{var}`"
+
+
 class TypeMismatchError(PcbatchError):
     """A variable gets different shapes, tree structures or incompatible dtypes
     on different paths."""
@@ -53,8 +59,7 @@ class TypeMismatchError(PcbatchError):
     def __init__(self, var: str, first: str, first_loc: Loc | None, second: str, second_loc: Loc | None,
                  also: tuple[str, ...] = ()):
         self.var = var
-        fn, _, local = var.rpartition(".")
-        what = f"the return value of `{fn}`" if local == "<ret>" else f"variable `{var}`"
+        what = _what(var)
         # Variables copied into this one and merged with it: the user wrote these names.
         named = [v.rpartition(".")[2] for v in also if not v.rpartition(".")[2].startswith("_")]
         if named:
@@ -69,22 +74,20 @@ class TypeMismatchError(PcbatchError):
         )
 
 
-
 class DtypeOverflowError(TypeMismatchError, OverflowError):
     """A Python number that the dtype its variable has on another path cannot
     hold (`2 ** 40` beside an int32 under x64): the join would wrap it."""
 
     def __init__(self, var: str, value: str, dtype: str, loc: Loc | None):
         self.var = var
-        fn, _, local = var.rpartition(".")
-        what = f"the return value of `{fn}`" if local == "<ret>" else f"variable `{var}`"
         where = f"\n{loc.quote()}" if loc else ""
         PcbatchError.__init__(
             self,
-            f"{what} is {value} here:{where}\nwhich does not fit {dtype}, its type joined over every path "
+            f"{_what(var)} is {value} here:{where}\nwhich does not fit {dtype}, its type joined over every path "
             "(a Python number takes the type of the other paths' values, as in JAX).\n"
-            f"Hint: give the other paths' values a dtype that holds it (`.astype(...)`), or make this one "
+            "Hint: give the other paths' values a dtype that holds it (`.astype(...)`), or make this one "
             "an array of the dtype you mean (`jnp.asarray(..., jnp.int64)`).")
+
 
 class StackOverflowError(PcbatchError):
     """Some example's recursion went deeper than `max_stack_depth`."""
