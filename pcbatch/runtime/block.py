@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pcbatch.errors import DtypeOverflowError
 from pcbatch.ir.core import (
@@ -103,11 +104,20 @@ def run_prim(op: Prim, read, types: Any, lanes: int | None) -> dict[str, Any]:
         outs = op.fn(*vals)
     cast = {}
     for v, x in zip(op.outs, outs):
+        if _overflows(x, types[v]):  # a Python float beyond the joined dtype: JAX would make it inf
+            raise DtypeOverflowError(v, f"{x!r}", format_type(types[v]), op.loc)
         try:
             cast[v] = cast_to(x, types[v], None if any(batched) else lanes)
         except OverflowError as e:  # a Python int beyond the joined dtype: JAX refuses it
             raise DtypeOverflowError(v, f"{x!r}", format_type(types[v]), op.loc) from e
     return cast
+
+
+def _overflows(value: Any, t: Any) -> bool:
+    """Whether a finite Python float in `value` becomes inf in its leaf's dtype."""
+    with np.errstate(over="ignore"):
+        return any(isinstance(x, float) and np.isfinite(x) and not np.all(np.isfinite(np.asarray(x, s.dtype)))
+                   for x, s in zip(jax.tree_util.tree_leaves(value), jax.tree_util.tree_leaves(t)))
 
 
 def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, types: Any,

@@ -307,6 +307,15 @@ def wide_beside_int32(d):
     return v
 
 
+@pcbatch.autobatch(fork=False)
+def wide_beside_float16(d):
+    v = 1e5  # WIDE_PYTHON_FLOAT
+    if d <= 0:
+        return v
+    v = jnp.float16(0.5) * d
+    return v
+
+
 def test_python_int_beside_an_int32_value():
     """A Python int takes the type of the int32 value on the other path (JAX's
     promotion, the join): where it fits, the machine's int32 result is the
@@ -321,6 +330,12 @@ def test_python_int_beside_an_int32_value():
     assert "v = 2 ** 40  # WIDE_PYTHON_INT" in str(e.value) and isinstance(e.value, OverflowError)
     ref = wide_beside_int32.reference(d)
     assert ref.dtype == np.int64 and ref.tolist() == [2 ** 40, 1]
+    # A float: JAX would make 1e5 inf in float16.
+    with pytest.raises(pcbatch.DtypeOverflowError, match="does not fit f16") as e:
+        wide_beside_float16(d)
+    assert "v = 1e5  # WIDE_PYTHON_FLOAT" in str(e.value)
+    ref = wide_beside_float16.reference(d)
+    assert ref.tolist() == [1e5, 1.5] and np.isfinite(ref).all()
 
 def test_gradients_fork_join_float64():
     args = (jnp.asarray([1.0, 0.75, 2.0], jnp.float64), jnp.asarray([6, 4, 1], jnp.int64))
