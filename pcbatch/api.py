@@ -54,6 +54,7 @@ def _stack_examples(*values: Any) -> jax.Array:
         lost = exact != narrow
     return jnp.stack([a.astype(wide) for a in arrays]) if np.any(lost) else stacked
 
+
 class Autobatched:
     """A function written for one example that runs on a whole batch.
 
