@@ -48,11 +48,8 @@ def _stack_examples(*values: Any) -> jax.Array:
         return stacked
     narrow = np.asarray(stacked).astype(wide)
     exact = np.stack([np.asarray(a).astype(wide) for a in arrays])
-    if np.issubdtype(stacked.dtype, np.floating) or np.issubdtype(stacked.dtype, np.complexfloating):
-        lost = np.isfinite(exact) & ~np.isfinite(narrow)
-    else:
-        lost = exact != narrow
-    return jnp.stack([a.astype(wide) for a in arrays]) if np.any(lost) else stacked
+    lost = (np.isfinite(exact) & ~np.isfinite(narrow)) if np.issubdtype(stacked.dtype, np.inexact) else exact != narrow
+    return jnp.asarray(exact) if np.any(lost) else stacked
 
 
 class Autobatched:

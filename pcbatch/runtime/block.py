@@ -104,11 +104,11 @@ def run_prim(op: Prim, read, types: Any, lanes: int | None) -> dict[str, Any]:
         outs = op.fn(*vals)
     cast = {}
     for v, x in zip(op.outs, outs):
-        if _overflows(x, types[v]):  # a Python float beyond the joined dtype: JAX would make it inf
-            raise DtypeOverflowError(v, f"{x!r}", format_type(types[v]), op.loc)
-        try:
+        try:  # a Python int beyond the joined dtype: JAX refuses it; a Python float: JAX makes it inf
+            if _overflows(x, types[v]):
+                raise OverflowError(f"{x!r} is inf in {format_type(types[v])}")
             cast[v] = cast_to(x, types[v], None if any(batched) else lanes)
-        except OverflowError as e:  # a Python int beyond the joined dtype: JAX refuses it
+        except OverflowError as e:
             raise DtypeOverflowError(v, f"{x!r}", format_type(types[v]), op.loc) from e
     return cast
 

@@ -55,7 +55,7 @@ def check_case_x64(case: FuzzCase) -> None:
     # The module is imported with x64 on too, as an x64 program is: its constants
     # (`TABLE = jnp.array([...])`) int64. Made with x64 off they are int32, and a
     # Python int joined with them takes int32 (JAX's promotion; the case is
-    # `test_x64.py::test_python_int_beside_an_int32_value`).
+    # `test_x64.py::test_python_number_beside_a_narrower_value`).
     with _x64_on():
         module = _load(case.source)
     try:

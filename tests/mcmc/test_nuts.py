@@ -16,7 +16,9 @@
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,9 @@ import pytest
 
 import pcbatch
 from pcbatch.mcmc import diagnostics, nuts, targets
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))  # the repo root: `benchmarks`
+from benchmarks.common import hlo_computations  # noqa: E402
 
 
 def _gaussian(cov):
@@ -181,12 +186,11 @@ def _hashing_vector_kernels(hlo: str) -> list[str]:
     """The fused kernels of optimized HLO that write a float `[chains, dim]`
     array and evaluate a threefry round (a u32 xor) on the way."""
     found = []
-    for comp in re.split(r"\n(?=%)", hlo):
-        head = comp.split("\n", 1)[0]
-        root = re.search(r"ROOT \S+ = (\S+) ", comp)
-        if (head.startswith("%fused") and root and re.match(r"f(16|32|64)\[\d+,\d+", root.group(1))
-                and re.search(r" u32\[[^\]]*\]\{[^}]*\} xor\(", comp)):
-            found.append(head.split(" ")[0])
+    for name, lines in hlo_computations(hlo).items():
+        root = next((re.match(r"ROOT \S+ = (\S+) ", ln) for ln in lines if ln.startswith("ROOT ")), None)
+        if (name.startswith("fused") and root and re.match(r"f(16|32|64)\[\d+,\d+", root.group(1))
+                and any(re.search(r" u32\[[^\]]*\]\{[^}]*\} xor\(", ln) for ln in lines)):
+            found.append(name)
     return found
 
 

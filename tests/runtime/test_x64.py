@@ -285,7 +285,6 @@ def _grad_pairs(fn, args, i):
         yield f"fork={fork} jit(grad)", jax.jit(jax.grad(loss(f)))(args[i]), want
 
 
-
 TABLE32 = jnp.asarray([3, -1, 4, 1], jnp.int32)  # a 32-bit constant, as code written for x64 off makes
 
 
@@ -316,12 +315,12 @@ def wide_beside_float16(d):
     return v
 
 
-def test_python_int_beside_an_int32_value():
-    """A Python int takes the type of the int32 value on the other path (JAX's
+def test_python_number_beside_a_narrower_value():
+    """A Python number takes the type of the value on the other path (JAX's
     promotion, the join): where it fits, the machine's int32 result is the
-    examples' values; where it does not, a named error quotes its line, and
-    the reference stacks the examples in a type that holds them (it wrapped
-    2**40 to 0 before)."""
+    examples' values; where it does not (2**40 in int32, 1e5 in float16), a
+    named error quotes its line, and the reference stacks the examples in a
+    type that holds them (it wrapped 2**40 to 0 before)."""
     d = np.asarray([0, 3], np.int64)
     out, ref = beside_int32(d), beside_int32.reference(d)
     assert out.dtype == np.int32 and out.tolist() == ref.tolist() == [7, 1]
@@ -336,6 +335,7 @@ def test_python_int_beside_an_int32_value():
     assert "v = 1e5  # WIDE_PYTHON_FLOAT" in str(e.value)
     ref = wide_beside_float16.reference(d)
     assert ref.tolist() == [1e5, 1.5] and np.isfinite(ref).all()
+
 
 def test_gradients_fork_join_float64():
     args = (jnp.asarray([1.0, 0.75, 2.0], jnp.float64), jnp.asarray([6, 4, 1], jnp.int64))
