@@ -37,7 +37,11 @@ on a 2-core CPU under a load of 5-7, most of it compiling and TFP) with
   a gradient step once half the running chains wait for one), `pcbatch/4` (4 leapfrogs per leaf
   as Radul et al. did: other trajectories, leaves of 4 steps of size step/4)
   and `pcbatch/nofollow` (`GradientLast(follow=False)`: every control block
-  between two gradient steps a VM step of its own, as before 2026-11-26);
+  between two gradient steps a VM step of its own, as before 2026-11-26),
+  `pcbatch/masked` and `pcbatch/conds` (the follow blocks masked, or each
+  under a `lax.cond`, whatever `Tuning.masked_follow`'s backend default)
+  and `pcbatch/allmasked` (`GradientLast(follow="all")`, masked: every block
+  every step, no conditional);
 * **blackjax**: BlackJAX's iterative NUTS, `jax.vmap` over chains, `lax.scan`
   over transitions, all in one `jax.jit`;
 * **numpyro**: NumPyro's iterative NUTS kernel (`numpyro.infer.NUTS` on a
@@ -95,6 +99,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import fmt_rate, print_table, time_calls
+import pcbatch
 from pcbatch.mcmc import nuts, targets
 
 
@@ -207,11 +212,13 @@ class Run:
 PCBATCH_VARIANTS = {"": (1, "gradient_last", "auto"), "quorum": (1, "gradient_quorum", "auto"),
                     "4": (4, "gradient_last", "auto"), "nofollow": (1, "gradient_last_nofollow", "auto"),
                     "1leaf": (1, "gradient_last", 1), "2leaves": (1, "gradient_last", 2),
-                    "4leaves": (1, "gradient_last", 4), "8leaves": (1, "gradient_last", 8)}
+                    "4leaves": (1, "gradient_last", 4), "8leaves": (1, "gradient_last", 8),
+                    "masked": (1, "gradient_last", "auto", True), "conds": (1, "gradient_last", "auto", False),
+                    "allmasked": (1, "gradient_last_all", "auto", True)}
 
 
 def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth: int, variant: str) -> Run:
-    lpl, schedule, leaves = PCBATCH_VARIANTS[variant]
+    lpl, schedule, leaves, *masked = PCBATCH_VARIANTS[variant]
     if leaves == "auto":  # as `nuts.sample` chooses
         leaves = nuts.auto_leaves_per_step(p.target.logdensity, x0)
     make = functools.partial(nuts.sampler, p.target.logdensity, num_samples=samples, max_tree_depth=depth,
@@ -219,7 +226,11 @@ def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth:
     args = nuts.prepare(x0, keys, p.step_size / lpl, None, samples)[0]
     if schedule == "gradient_last_nofollow":   # each control block a step of its own (before 2026-11-26)
         schedule = nuts.GradientLast(nuts.leaf_block(make().lowered(*args)), follow=False)
+    elif schedule == "gradient_last_all":   # every block followed: with masked follow blocks, no conditional
+        schedule = nuts.GradientLast(nuts.leaf_block(make().lowered(*args)), follow="all")
     prog = make(schedule=schedule)
+    if masked:   # follow blocks masked or under conditionals, whatever the backend's default
+        prog = prog.with_options(tuning=pcbatch.Tuning(masked_follow=masked[0]))
     out, status = prog.checked(*args)
     if np.any(np.asarray(status.overflow)) or np.any(np.asarray(status.unfinished)):
         raise RuntimeError("pcbatch: a chain overflowed its stacks or did not finish")
@@ -500,7 +511,7 @@ def main() -> None:
     ap.add_argument("--peers", default=",".join(PEERS), help="of " + ", ".join(PEERS))
     ap.add_argument("--variants", default="",
                     help="pcbatch configurations besides the default: quorum, 4, nofollow, "
-                         "1leaf, 2leaves, 4leaves, 8leaves")
+                         "1leaf, 2leaves, 4leaves, 8leaves, masked, conds, allmasked")
     ap.add_argument("--figure", default="nuts_benchmark.png", help="where to save the figure ('' for none)")
     args = ap.parse_args()
     chain_counts = [int(c) for c in args.chains.split(",")]

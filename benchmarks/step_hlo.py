@@ -17,6 +17,7 @@ import datetime
 
 import jax
 
+import pcbatch
 from benchmarks.common import hlo_step_counts, print_table
 from benchmarks.vm_overhead import collatz, collatz_inputs, fib, fib_inputs, nuts_case, treelstm_case
 
@@ -29,7 +30,11 @@ def cases():
     tree_lstm, args = treelstm_case()
     yield "Tree-LSTM H 64, fork=False (batch 64)", tree_lstm.with_options(fork=False), args
     yield "Tree-LSTM H 64, fork=True (batch 64)", tree_lstm.with_options(fork=True), args
-    yield "NUTS, 100-d Gaussian (128 chains)", *nuts_case()
+    nuts, args = nuts_case()
+    for masked in (False, True):   # the backend picks one by default (`Tuning.masked_follow`)
+        how = "masked" if masked else "under conds"
+        yield f"NUTS, 100-d Gaussian (128 chains), follow blocks {how}", \
+            nuts.with_options(tuning=pcbatch.Tuning(masked_follow=masked)), args
 
 
 def main() -> None:

@@ -585,18 +585,27 @@ class GradientLast:
     each, in the order a lane leaves the leaf (`pcbatch.ir.flow.follow_order`),
     for the lanes waiting at them: a chain returns, joins its subtree and
     calls the next one in the step of its gradient, not in steps of their own.
+    `follow="all"` follows the leaf too, and the blocks before it: every step
+    runs every block once for the lanes at it, so with masked follow blocks
+    (`pcbatch.Tuning.masked_follow`) a step holds no conditional at all.
     """
 
     name = "gradient_last"
 
-    def __init__(self, leaf: int, follow: bool = True):
-        self.leaf, self.follows = int(leaf), bool(follow)
+    def __init__(self, leaf: int, follow: bool | str = True):
+        if follow not in (True, False, "all"):
+            raise _invalid(f"follow must be True, False or 'all', got {follow!r}")
+        self.leaf, self.follows = int(leaf), follow
         self.follow: tuple[int, ...] = ()  # the blocks, once bound to a program
 
     def for_program(self, prog: Any) -> "GradientLast":
         bound = GradientLast(self.leaf, self.follows)
         if self.follows:
-            bound.follow = follow_order(prog.blocks, self.leaf)
+            after = follow_order(prog.blocks, self.leaf)
+            if self.follows == "all":
+                before = tuple(b for b in range(len(prog.blocks)) if b != self.leaf and b not in after)
+                after = before + (self.leaf,) + after
+            bound.follow = after
         return bound
 
     def init(self, num_blocks: int, num_lanes: int) -> Any:
@@ -608,7 +617,7 @@ class GradientLast:
         return jnp.where(other < num_blocks, other, self.leaf), carry
 
     def __repr__(self) -> str:
-        return f"GradientLast(leaf=b{self.leaf}{'' if self.follows else ', follow=False'})"
+        return f"GradientLast(leaf=b{self.leaf}{'' if self.follows is True else f', follow={self.follows!r}'})"
 
 
 class GradientQuorum:

@@ -92,6 +92,7 @@ class Machine:
         self.widths = config.tuning.widths(num_lanes)  # the gradient pass's row buckets
         self.depth = config.max_stack_depth
         self.max_steps = config.max_steps
+        self.tuning = config.tuning
         self.scheduler = bind(config.scheduler, prog)
         self.halt = prog.num_blocks
         self.overflowed = prog.num_blocks + 1  # a halted lane whose recursion overflowed
@@ -240,9 +241,11 @@ class Machine:
             popped.add(PC)
         return {st: ws for st, ws in writers.items() if ws}, sorted(popped)
 
-    def block_cond(self, b: int, consts: dict[str, Any], inv: dict[str, Any], count: bool = False):
+    def block_cond(self, b: int, consts: dict[str, Any], inv: dict[str, Any], count: bool = False,
+                   masked: bool = False):
         """`(run_it, state) -> state`: block b run in place, for the lanes
-        waiting at it, where the scalar `run_it` is true. `count`: the lanes
+        waiting at it, where the scalar `run_it` is true (`masked`: every
+        step, without a `lax.cond`; the lanes not at b keep their state). `count`: the lanes
         that run it count it in `depth` there (for a follow block: counted
         outside, the count would read the pc from before the conditional,
         and XLA would copy the pc in its untaken branch to keep it)."""
@@ -296,7 +299,7 @@ class Machine:
                 sub["pc_stack"] = state.pc_stack
             if count:
                 sub["depth"] = state.depth
-            out = lax.cond(run_it, true_fn, false_fn, sub)
+            out = true_fn(sub) if masked else lax.cond(run_it, true_fn, false_fn, sub)
             return state._replace(pc=out["pc"], regs={**state.regs, **out["regs"]}, sps={**state.sps, **out["sps"]},
                                   stacks={**state.stacks, **out["stacks"]},
                                   pc_sp=out.get("pc_sp", state.pc_sp), pc_stack=out.get("pc_stack", state.pc_stack),
@@ -317,7 +320,8 @@ class Machine:
         # so the chosen block's switch and conditionals leave it out (NUTS:
         # half the program, half the compile time).
         followed = tuple(getattr(self.scheduler, "follow", ())) if recorder is None else ()
-        follow = [(b, self.block_cond(b, consts, inv, count=True)) for b in followed]
+        masked = self.tuning.follow_masked()
+        follow = [(b, self.block_cond(b, consts, inv, count=True, masked=masked)) for b in followed]
         light = [b for b in range(self.prog.num_blocks) if b not in self.heavy and b not in followed]
         writers, popped = self._switch_stacks(light)
         branches = [self._light_branch(b, consts, inv, writers) for b in light]

@@ -9,6 +9,7 @@ import difflib
 import functools
 from dataclasses import dataclass, fields
 
+import jax
 import numpy as np
 
 from pcbatch.errors import OptionError
@@ -47,6 +48,13 @@ class Tuning:
         lane rarely nests deep: more lanes in the same memory) and again with
         `max_stack_depth` only if a lane overflowed (a signature whose shallow
         runs overflow more than one time in eight stops trying); 0: never.
+    masked_follow: how a follow block (`Scheduler.follow`) runs: False, under
+        a `lax.cond` taken only when a lane waits at it (on the CPU a skipped
+        block costs nothing); True, every step, its updates masked to the
+        lanes waiting there (XLA:GPU waits on the host for every `cond`'s
+        predicate, while masked blocks only queue kernels); None: True on
+        accelerators, False on the CPU (`jax.default_backend()` when the
+        machine is built).
 
     >>> import pcbatch
     >>> pcbatch.Tuning(max_widths=2).widths(256)
@@ -68,9 +76,15 @@ class Tuning:
     fork_max_traced_pool_bytes: int = 16 << 20
     fork_measure_min_pool_lanes: int = 8
     pool_first_stack_depth: int = 32
+    masked_follow: bool | None = None
 
     def __post_init__(self) -> None:
+        if not (self.masked_follow is None or isinstance(self.masked_follow, bool)):
+            raise OptionError("tuning.masked_follow", f"must be True, False or None, got {self.masked_follow!r}",
+                              "None (the default) chooses by backend.")
         for f in fields(self):
+            if f.name == "masked_follow":
+                continue
             value = getattr(self, f.name)
             low = -1 if f.name == "switch_max_leaves" else 0
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
@@ -83,6 +97,12 @@ class Tuning:
         if self.min_lane_width > self.max_lane_width:
             raise OptionError("tuning.min_lane_width", f"is more than max_lane_width ({self.min_lane_width} > "
                               f"{self.max_lane_width})")
+
+    def follow_masked(self) -> bool:
+        """Whether follow blocks run masked (`masked_follow`, None resolved by backend)."""
+        if self.masked_follow is None:
+            return jax.default_backend() != "cpu"
+        return self.masked_follow
 
     def widths(self, widest: int) -> list[int]:
         """The compiled widths for a widest step of `widest` lanes, ascending

@@ -57,10 +57,18 @@ def test_unknown_option_names_the_closest():
 
 
 @pytest.mark.parametrize("bad", [dict(max_widths=0), dict(min_width=-1), dict(switch_max_leaves=-2),
-                                 dict(min_lane_width=4096), dict(large_register_bytes=1.5)])
+                                 dict(min_lane_width=4096), dict(large_register_bytes=1.5),
+                                 dict(masked_follow=1), dict(masked_follow="auto")])
 def test_bad_tuning_is_a_named_error(bad):
     with pytest.raises(pcbatch.OptionError, match="tuning"):
         pcbatch.Tuning(**bad)
+
+
+def test_masked_follow_resolves_by_backend():
+    import jax
+    assert pcbatch.Tuning().follow_masked() == (jax.default_backend() != "cpu")
+    assert pcbatch.Tuning(masked_follow=True).follow_masked() is True
+    assert pcbatch.Tuning(masked_follow=False).follow_masked() is False
 
 
 def test_tuning_widths_halve_to_the_minimum():

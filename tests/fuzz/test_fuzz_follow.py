@@ -6,6 +6,7 @@ The results must not change; a lane then often runs several blocks in one
 step (calls, returns, stack pushes and pops included)."""
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -29,8 +30,10 @@ class FollowAll(Earliest):
         return bound
 
 
-def following(fn):
-    return fn.with_options(fork=False).with_schedule(FollowAll())
+def following(fn, masked: bool = False):
+    """`fn` with every block followed; `masked`: the follow blocks run every
+    step, masked to their lanes (`Tuning.masked_follow`, the GPU's default)."""
+    return fn.with_options(fork=False, tuning=pcbatch.Tuning(masked_follow=masked)).with_schedule(FollowAll())
 
 
 def test_follow_order_is_a_valid_permutation():
@@ -48,20 +51,25 @@ def test_follow_order_is_a_valid_permutation():
         assert set(order) <= set(range(prog.num_blocks))
 
 
-def test_fuzz_follow_programs():
+@pytest.mark.parametrize("masked", [False, True])
+def test_fuzz_follow_programs(masked):
     """`make test`: 4 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` / 16; `make
-    test` must stay under CI's 8 minutes, and NUTS runs follow blocks in every test)."""
+    test` must stay under CI's 8 minutes, and NUTS runs follow blocks in every test),
+    with the follow blocks under conditionals (the CPU's default) and masked (the GPU's)."""
     n = max(1, _examples(64) // 16)
-    ran = _run(n, SMALL, forks=(False,), chunk=20, adapt=following)
+    ran = _run(n, SMALL, forks=(False,), chunk=20 + 2 * masked,
+               adapt=functools.partial(following, masked=masked))
     print(f"fuzz (follow): {ran} programs", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
 
 
 @pytest.mark.slow
-def test_fuzz_follow_long():
-    """`make fuzz`: PCBATCH_FUZZ_EXAMPLES / 10 large programs with every block followed."""
+@pytest.mark.parametrize("masked", [False, True])
+def test_fuzz_follow_long(masked):
+    """`make fuzz`: PCBATCH_FUZZ_EXAMPLES / 10 large programs with every block
+    followed, each way."""
     n = max(1, _examples(10_000) // 10)
-    ran = _run(n, LARGE, forks=(False,), chunk=21, adapt=following)
+    ran = _run(n, LARGE, forks=(False,), chunk=21 + 2 * masked, adapt=functools.partial(following, masked=masked))
     print(f"fuzz (follow): {ran} programs", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
 
@@ -95,3 +103,25 @@ def test_a_followed_block_is_compiled_once():
     followed = _equations(jax.make_jaxpr(following(in_place))(x).jaxpr)
     assert followed < 1.3 * once, (followed, once)
     assert [int(v) for v in following(collatz)(x)] == [int(v) for v in collatz.reference(x)]
+
+
+def test_masked_follow_blocks_run_without_conditionals():
+    """`masked_follow=True` compiles the follow blocks without a `conditional`
+    each (XLA:GPU syncs with the host on every one), and gives the same results."""
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(Path(__file__).parents[2]))
+    from benchmarks.common import hlo_step_counts
+    sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
+    from corpus import collatz
+
+    x = jnp.arange(1, 9)
+    conds = {}
+    for masked in (False, True):
+        f = following(collatz, masked=masked)
+        counts = hlo_step_counts(jax.jit(f).lower(x).compile().as_text())
+        conds[masked] = counts["every step"]["conditional"] + counts["in branches"]["conditional"]
+        assert [int(v) for v in f(x)] == [int(v) for v in collatz.reference(x)]
+    blocks = len(following(collatz).lowered(x).blocks)
+    assert conds[True] <= conds[False] - (blocks - 1), conds
