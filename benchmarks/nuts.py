@@ -29,19 +29,21 @@ on a 2-core CPU under a load of 5-7, most of it compiling and TFP) with
 
 * **pcbatch**: `pcbatch.mcmc.nuts` (recursive single-chain NUTS, autobatched:
   one program for all transitions, so chains desynchronize across
-  trajectories), the sampler's default configuration (`GradientLast`: every
-  gradient step waits for every running chain; one leapfrog step per leaf;
-  `leaves_per_step` as `nuts.sample`'s "auto" picks it).
+  trajectories), the sampler's default configuration (`schedule` and
+  `leaves_per_step` as `nuts.sample`'s "auto" picks them: on the CPU
+  `GradientLast`, every gradient step waits for every running chain; one
+  leapfrog step per leaf).
   `--variants` adds `pcbatch/1leaf`, `pcbatch/2leaves`, `pcbatch/4leaves` and
   `pcbatch/8leaves` (`leaves_per_step` forced), `pcbatch/quorum` (`GradientQuorum`:
   a gradient step once half the running chains wait for one), `pcbatch/4` (4 leapfrogs per leaf
   as Radul et al. did: other trajectories, leaves of 4 steps of size step/4)
-  and `pcbatch/nofollow` (`GradientLast(follow=False)`: every control block
+  `pcbatch/nofollow` (`GradientLast(follow=False)`: every control block
   between two gradient steps a VM step of its own, as before 2026-11-26),
   `pcbatch/masked` and `pcbatch/conds` (the follow blocks masked, or each
-  under a `lax.cond`, whatever `Tuning.masked_follow`'s backend default)
-  and `pcbatch/allmasked` (`GradientLast(follow="all")`, masked: every block
-  every step, no conditional);
+  under a `lax.cond`, whatever `Tuning.masked_follow`'s backend default),
+  `pcbatch/allmasked` (`GradientLast(follow="all")`, masked: every block
+  every step, no conditional; the default on accelerators where gradients are
+  cheap, `nuts.auto_schedule`) and `pcbatch/last` (`GradientLast` whatever the backend);
 * **blackjax**: BlackJAX's iterative NUTS, `jax.vmap` over chains, `lax.scan`
   over transitions, all in one `jax.jit`;
 * **numpyro**: NumPyro's iterative NUTS kernel (`numpyro.infer.NUTS` on a
@@ -209,25 +211,26 @@ class Run:
     positions: np.ndarray | None = None   # one call's draws, [chains, transitions, dim]
 
 
-PCBATCH_VARIANTS = {"": (1, "gradient_last", "auto"), "quorum": (1, "gradient_quorum", "auto"),
+PCBATCH_VARIANTS = {"": (1, "auto", "auto"), "quorum": (1, "gradient_quorum", "auto"),
                     "4": (4, "gradient_last", "auto"), "nofollow": (1, "gradient_last_nofollow", "auto"),
                     "1leaf": (1, "gradient_last", 1), "2leaves": (1, "gradient_last", 2),
                     "4leaves": (1, "gradient_last", 4), "8leaves": (1, "gradient_last", 8),
                     "masked": (1, "gradient_last", "auto", True), "conds": (1, "gradient_last", "auto", False),
-                    "allmasked": (1, "gradient_last_all", "auto", True)}
+                    "allmasked": (1, "gradient_last_all", "auto", True),
+                    "last": (1, "gradient_last", "auto")}
 
 
 def pcbatch_run(p: Problem, x0: jax.Array, keys: jax.Array, samples: int, depth: int, variant: str) -> Run:
     lpl, schedule, leaves, *masked = PCBATCH_VARIANTS[variant]
     if leaves == "auto":  # as `nuts.sample` chooses
         leaves = nuts.auto_leaves_per_step(p.target.logdensity, x0)
+    if schedule == "auto":
+        schedule = nuts.auto_schedule(p.target.logdensity, x0)
     make = functools.partial(nuts.sampler, p.target.logdensity, num_samples=samples, max_tree_depth=depth,
                              leapfrogs_per_leaf=lpl, uturn_criterion="numpyro", leaves_per_step=leaves)
     args = nuts.prepare(x0, keys, p.step_size / lpl, None, samples)[0]
     if schedule == "gradient_last_nofollow":   # each control block a step of its own (before 2026-11-26)
         schedule = nuts.GradientLast(nuts.leaf_block(make().lowered(*args)), follow=False)
-    elif schedule == "gradient_last_all":   # every block followed: with masked follow blocks, no conditional
-        schedule = nuts.GradientLast(nuts.leaf_block(make().lowered(*args)), follow="all")
     prog = make(schedule=schedule)
     if masked:   # follow blocks masked or under conditionals, whatever the backend's default
         prog = prog.with_options(tuning=pcbatch.Tuning(masked_follow=masked[0]))
@@ -511,7 +514,7 @@ def main() -> None:
     ap.add_argument("--peers", default=",".join(PEERS), help="of " + ", ".join(PEERS))
     ap.add_argument("--variants", default="",
                     help="pcbatch configurations besides the default: quorum, 4, nofollow, "
-                         "1leaf, 2leaves, 4leaves, 8leaves, masked, conds, allmasked")
+                         "1leaf, 2leaves, 4leaves, 8leaves, masked, conds, allmasked, last")
     ap.add_argument("--figure", default="nuts_benchmark.png", help="where to save the figure ('' for none)")
     args = ap.parse_args()
     chain_counts = [int(c) for c in args.chains.split(",")]

@@ -20,6 +20,7 @@ import jax
 import pcbatch
 from benchmarks.common import hlo_step_counts, print_table
 from benchmarks.vm_overhead import collatz, collatz_inputs, fib, fib_inputs, nuts_case, treelstm_case
+from pcbatch.mcmc.nuts import GradientLast
 
 KINDS = ("fusion", "copy", "conditional", "scatter", "custom-call")
 
@@ -35,6 +36,9 @@ def cases():
         how = "masked" if masked else "under conds"
         yield f"NUTS, 100-d Gaussian (128 chains), follow blocks {how}", \
             nuts.with_options(tuning=pcbatch.Tuning(masked_follow=masked)), args
+    every = nuts.with_schedule(GradientLast(nuts.scheduler.leaf, follow="all"))   # the GPU's default here
+    yield "NUTS, 100-d Gaussian (128 chains), every block masked", \
+        every.with_options(tuning=pcbatch.Tuning(masked_follow=True)), args
 
 
 def main() -> None:

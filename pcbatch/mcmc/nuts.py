@@ -678,11 +678,12 @@ def _cached(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_dept
     # Frames: run_chains, then build_tree for the doubling and its nested subtrees.
     in_axes = (0, 0, 0, step_axis, mass_axis, 0, 0)
     prog = pcbatch.autobatch(run_chains, in_axes=in_axes, max_stack_depth=max_tree_depth + 2)
-    if schedule in ("gradient_quorum", "gradient_last"):
+    if schedule in ("gradient_quorum", "gradient_last", "gradient_last_all"):
         # Block numbers come from lowering alone (types do not renumber them).
         from pcbatch.lower import lower
         leaf = leaf_block(lower(prog.ir(), tuple(a is None for a in in_axes)))
-        prog = prog.with_schedule(GradientQuorum(leaf) if schedule == "gradient_quorum" else GradientLast(leaf))
+        prog = prog.with_schedule(GradientQuorum(leaf) if schedule == "gradient_quorum"
+                                  else GradientLast(leaf, follow="all" if schedule == "gradient_last_all" else True))
     elif schedule != "earliest":
         prog = prog.with_schedule(schedule)
     return prog
@@ -721,6 +722,33 @@ def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, t
 # `auto_leaves_per_step`: one leaf per step once a gradient costs more XLA
 # flops than this per step plus this per chain (2-core CPU, 2026-11-26).
 SINGLE_LEAF_FLOPS = (2 ** 21, 2 ** 17)
+# Every block every step (`GradientLast(follow="all")`) on an accelerator where a
+# gradient step of all chains costs at most this many flops (one H100, 2026-11-27:
+# the 100-d Gaussian at 1024 chains, 42 Mflop, 1.2x faster; the logistic regression
+# at 128 chains, 538 Mflop, 0.86x).
+ALL_BLOCKS_FLOPS = 2 ** 27
+
+
+def auto_schedule(logdensity_fn: Callable, initial_positions: Any) -> str:
+    """`sample`'s `schedule="auto"`: "gradient_last_all" on an accelerator
+    where a gradient step is cheap, else "gradient_last".
+
+    There follow blocks run masked (`pcbatch.Tuning.masked_follow`: XLA:GPU
+    waits on the host for each `lax.cond`), so following the leaf and the
+    entry block too leaves no conditional in a step: the leaf's gradient then
+    runs every step, for the chains at it, whether or not others are still
+    on their way there. That pays where the gradient costs less than the
+    host round trips it saves (`ALL_BLOCKS_FLOPS`, over all chains). On the
+    CPU a skipped block costs nothing, and "gradient_last" waits for every
+    chain."""
+    if jax.default_backend() == "cpu":
+        return "gradient_last"
+    x = initial_positions if isinstance(initial_positions, jax.Array) else jnp.asarray(initial_positions)
+    chains = x.shape[0] if x.ndim == 2 else 1
+    flops = _gradient_flops(logdensity_fn, x.shape[-1], jnp.dtype(x.dtype).name)
+    return "gradient_last_all" if flops is not None and flops * chains <= ALL_BLOCKS_FLOPS else "gradient_last"
+
+
 # Four leaves per step where a gradient costs at most this many flops, with at
 # most this many chains and coordinates over all chains (2-core CPU, 2026-11-27).
 FOUR_LEAVES = (2 ** 10, 64, 2 ** 11)
@@ -898,7 +926,7 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
            adaptation: str = "step_size", num_chains: int | None = None,
            target_accept: float = 0.8, max_tree_depth: int = 10, leapfrogs_per_leaf: int = 1,
            max_delta_energy: float = 1000.0, uturn_criterion: str = "stan",
-           schedule: Any = "gradient_last", progress_bar: bool = False,
+           schedule: Any = "auto", progress_bar: bool = False,
            progress_every: int | None = None, leaves_per_step: Any = "auto",
            gradient_budget: int | None = None) -> NUTSOutput:
     """Run `num_warmup + num_samples` NUTS transitions on each chain, all
@@ -938,8 +966,11 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
         merged (sub)tree plus Stan's two extra checks across the seam of the
         merge. "numpyro": NumPyro's and BlackJAX's (one check per merge, the
         end points' momenta counted half), for like-for-like comparisons.
-      schedule: "gradient_last" (default, `GradientLast`: every gradient step
-        waits for every running chain), "gradient_quorum" (`GradientQuorum`:
+      schedule: "auto" (default): "gradient_last", or "gradient_last_all" on a
+        GPU or TPU where gradients are cheap (`auto_schedule`). "gradient_last"
+        (`GradientLast`: every gradient step waits for every running chain),
+        "gradient_last_all" (`GradientLast(follow="all")`: every block every
+        step, for the chains at it), "gradient_quorum" (`GradientQuorum`:
         once half of them wait; measured slower on every target of
         `benchmarks/nuts.py`), "earliest" (pcbatch's default), or any pcbatch
         scheduler object. Results do not depend on it.
@@ -999,7 +1030,8 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
     prog = sampler(logdensity_fn, num_samples=num_samples, num_warmup=num_warmup, target_accept=target_accept,
                    max_tree_depth=max_tree_depth, leapfrogs_per_leaf=leapfrogs_per_leaf,
                    max_delta_energy=max_delta_energy, uturn_criterion=uturn_criterion,
-                   per_chain_step_size=per_step, per_chain_mass=per_mass, schedule=schedule,
+                   per_chain_step_size=per_step, per_chain_mass=per_mass,
+                   schedule=auto_schedule(logdensity_fn, args[0]) if schedule == "auto" else schedule,
                    adaptation=adaptation, progress=progress_bar,
                    leaves_per_step=auto_leaves_per_step(logdensity_fn, args[0])
                    if leaves_per_step == "auto" else leaves_per_step)

@@ -187,6 +187,22 @@ def test_leaves_per_step_auto_follows_the_gradient_cost():
         nuts.sampler(LOGP2, num_samples=2, leaves_per_step=3)
 
 
+def test_schedule_auto_follows_every_block_on_accelerators_with_cheap_gradients(monkeypatch):
+    """On the CPU "gradient_last"; where `jax.default_backend()` is an
+    accelerator, "gradient_last_all" while a gradient step of every chain costs
+    at most `ALL_BLOCKS_FLOPS`; and `sample` runs the schedule it names."""
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.standard_normal((1000, 1000)) / 1000, jnp.float32)
+    expensive = lambda x: -0.5 * jnp.sum((a @ x) ** 2)   # ~4 Mflop a gradient
+    assert nuts.auto_schedule(LOGP2, jnp.zeros((128, 2))) == "gradient_last"   # this test runs on the CPU
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert nuts.auto_schedule(LOGP2, jnp.zeros((128, 2))) == "gradient_last_all"
+    assert nuts.auto_schedule(expensive, jnp.zeros((8, 1000))) == "gradient_last_all"   # 32 Mflop a step
+    assert nuts.auto_schedule(expensive, jnp.zeros((128, 1000))) == "gradient_last"     # 512 Mflop a step
+    prog = nuts.sampler(LOGP2, num_samples=2, schedule="gradient_last_all")
+    assert prog.scheduler.follows == "all"
+
+
 def _hashing_vector_kernels(hlo: str) -> list[str]:
     """The fused kernels of optimized HLO that write a float `[chains, dim]`
     array and evaluate a threefry round (a u32 xor) on the way."""
