@@ -130,7 +130,8 @@ def measure(name: str, f: pcbatch.Autobatched, hands: dict[str, Callable], x: ja
     py_per_example = (time.perf_counter() - t0) / k
     if not same(result[:k], ref):
         raise AssertionError(f"{name}: generated machine disagrees with Python on {x[:k]}")
-    jitted = {v: jax.jit(h) for v, h in hands.items()}
+    # compiled as pcbatch compiles its own calls (`Tuning.compiler_options`): the same XLA for both
+    jitted = {v: jax.jit(h, compiler_options=f.options.tuning.compiler_options()) for v, h in hands.items()}
     for v, h in jitted.items():
         r, s, ovf = block(h(x))
         if not same(r, result):

@@ -332,6 +332,28 @@ def measure_fork(target: BoundFunction, callee: Callee, signature: Signature, op
     return machines[fork]
 
 
+@dataclass(frozen=True)
+class TopLevelJit:
+    """A machine's `jit`, compiled with XLA options (`Tuning.compiler_options`)
+    when called with concrete values: JAX takes compiler options only on a
+    top-level `jax.jit`; inside a caller's trace the caller's options rule."""
+
+    traced: Callable  # the jitted machine, without options: for calls inside a trace
+    top: Callable     # the same with the options, for concrete calls
+
+    def __call__(self, inputs: Any, workspace: Any) -> Any:
+        leaves = jax.tree_util.tree_leaves((inputs, workspace))
+        return (self.traced if any(isinstance(x, jax.core.Tracer) for x in leaves) else self.top)(inputs, workspace)
+
+    def lower(self, inputs: Any, workspace: Any) -> Any:
+        return self.top.lower(inputs, workspace)
+
+
+def _top_level(jit: Callable[[Callable], Any], fn: Callable, xla: dict[str, str]) -> Callable:
+    traced = jit(fn)
+    return TopLevelJit(traced, jax.jit(traced, donate_argnums=(1,), compiler_options=xla)) if xla else traced
+
+
 def compile_program(prog: StackProgram, signature: Signature, options: Options, choice: ForkChoice | None,
                     on_trace: Callable[[], None]) -> Executable:
     """Stages 4 and 5 for a specialized program: its memory layout, then the machine."""
@@ -353,13 +375,17 @@ def compile_program(prog: StackProgram, signature: Signature, options: Options, 
         return result, status, workspace
 
     batch, sharding = signature.batch, signature.sharding
+    xla = options.tuning.compiler_options()
     if sharding is None:
-        runner = jax.jit(functools.partial(machine, prog, batch), donate_argnums=(1,))
-        # A plain machine's block count costs ~37% of a step (collatz, 1024 lanes): plain calls get a lean
-        # twin. A pool's costs ~2%: one machine, compiled once (0.5-2 s), serves plain and checked calls.
-        lean = runner if prog.has_forks else jax.jit(functools.partial(machine, prog, batch, lean=True),
-                                                     donate_argnums=(1,))
+        def jit(fn: Callable) -> Callable:
+            return jax.jit(fn, donate_argnums=(1,))
     else:  # one machine per device (pcbatch/sharding.py)
-        runner = lean = sharding.runner(functools.partial(machine, prog), batch,
-                                        dict(zip(prog.entry_params, signature.shared)))
+        def jit(fn: Callable) -> Callable:
+            return sharding.runner(fn, batch, dict(zip(prog.entry_params, signature.shared)))
+    runner = _top_level(jit, functools.partial(machine, prog, batch) if sharding is None
+                        else functools.partial(machine, prog), xla)
+    # A plain machine's block count costs ~37% of a step (collatz, 1024 lanes): plain calls get a lean
+    # twin. A pool's costs ~2%: one machine, compiled once (0.5-2 s), serves plain and checked calls.
+    lean = runner if prog.has_forks or sharding is not None else \
+        _top_level(jit, functools.partial(machine, prog, batch, lean=True), xla)
     return Executable(prog, signature, options, runner, lean, report, fork_choice=choice)

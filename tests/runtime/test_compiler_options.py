@@ -1,0 +1,45 @@
+"""pcbatch compiles its own calls without XLA:CPU's tree-reduction rewrite
+(`Tuning.fused_reductions`): a reduction over the lanes is then one kernel
+fused with what it reduces. Inside a caller's `jax.jit` the caller's options
+rule (JAX takes compiler options only at the top level)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pcbatch
+
+
+@pcbatch.autobatch(fork=False)
+def collatz_steps(n):
+    k = 0
+    while n != 1:
+        n = n // 2 if n % 2 == 0 else 3 * n + 1
+        k += 1
+    return k
+
+
+def _reduce_windows(f, n) -> int:
+    exe, inputs = f.executable(n)
+    return exe.runner.lower(inputs, exe.new_workspace()).compile().as_text().count("reduce-window(")
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the option applies to XLA:CPU")
+def test_eager_calls_compile_without_the_tree_reduction_rewrite():
+    n = jnp.arange(1, 200)   # > 32 lanes: the rewrite would split every reduction over them
+    fused = collatz_steps.with_options(tuning=pcbatch.Tuning(fused_reductions=True))
+    split = collatz_steps.with_options(tuning=pcbatch.Tuning(fused_reductions=False))
+    assert _reduce_windows(fused, n) == 0 < _reduce_windows(split, n)
+    want = collatz_steps.reference(n)
+    for f in (fused, split):
+        np.testing.assert_array_equal(f(n), want)
+        np.testing.assert_array_equal(jax.jit(f)(n), want)   # traced: the caller's options
+        np.testing.assert_array_equal(f.checked(n)[0], want)
+
+
+def test_fused_reductions_is_validated():
+    with pytest.raises(pcbatch.OptionError, match="fused_reductions"):
+        pcbatch.Tuning(fused_reductions=1)
+    assert pcbatch.Tuning(fused_reductions=False).compiler_options() == {}
