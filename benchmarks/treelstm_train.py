@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import platform
 import statistics
@@ -55,6 +56,7 @@ import optax
 
 from benchmarks import treelstm_baselines as tb
 from benchmarks.common import block, fmt_rate, fmt_time, print_table, time_calls
+import pcbatch
 from pcbatch import data
 from pcbatch.models import nary
 from pcbatch.models import tree_classifier as tc
@@ -86,18 +88,19 @@ def close(got: Any, want: Any) -> bool:
 
 
 def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, variants: list[str], repeats: int,
-            min_time: float, breakdown: bool = False) -> dict[str, Any]:
+            min_time: float, breakdown: bool = False, xla: dict[str, str] | None = None) -> dict[str, Any]:
+    jit = functools.partial(jax.jit, compiler_options=xla or None)
     params = tc.init_params(jax.random.PRNGKey(hidden), VOCAB, hidden)
     dev_trees, dev_labels = jax.device_put((trees, labels))
     n_rows = int(np.asarray(trees.word).size)
     levels = tb.depth_levels(trees)
     packed, root = jax.device_put(tb.pack_levels(levels))
-    depth_step = jax.jit(jax.value_and_grad(depth_loss), static_argnums=(4, 5))
+    depth_step = jit(jax.value_and_grad(depth_loss), static_argnums=(4, 5))
     want = block(depth_step(params, packed, root, dev_labels, levels.widths, n_rows))
     fns: dict[str, Callable[[], Any]] = {"depth": lambda: depth_step(params, packed, root, dev_labels,
                                                                       levels.widths, n_rows)}
     if breakdown:  # the loss alone (no gradient): the step's forward part
-        depth_fwd = jax.jit(depth_loss, static_argnums=(4, 5))
+        depth_fwd = jit(depth_loss, static_argnums=(4, 5))
         fns["depth:fwd"] = lambda: depth_fwd(params, packed, root, dev_labels, levels.widths, n_rows)
     row: dict[str, Any] = {"batch": batch, "max_height": levels.max_height, "nodes": int(np.sum(trees.num_nodes)),
                            "temp": {"depth": temp_mib(depth_step, params, packed, root, dev_labels, levels.widths,
@@ -106,7 +109,7 @@ def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, varia
               "nofork": tc.encoder.with_options(fork=False, max_stack_depth=64, tape_size=128)}
     for key in variants:
         model = models[key]
-        step = jax.jit(jax.value_and_grad(tc.loss), static_argnums=(3,))
+        step = jit(jax.value_and_grad(tc.loss), static_argnums=(3,))
         try:
             info = model.tape_info(params["tree"], dev_trees, dev_trees.root)
             if info.needed > info.tape_size:
@@ -118,7 +121,7 @@ def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, varia
             row["temp"][key] = temp_mib(step, params, dev_trees, dev_labels, model)
             fns[key] = (lambda s, m: lambda: s(params, dev_trees, dev_labels, m))(step, model)
             if breakdown:
-                fwd = jax.jit(tc.loss, static_argnums=(3,))
+                fwd = jit(tc.loss, static_argnums=(3,))
                 fns[f"{key}:fwd"] = (lambda s, m: lambda: s(params, dev_trees, dev_labels, m))(fwd, model)
         except Exception as e:  # noqa: BLE001 - report, keep the others
             row["errors"][key] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -143,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (median; default 5, --quick 3)")
     ap.add_argument("--min-time", type=float, default=None, help="seconds a timed repeat lasts at least")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--xla-options", action="store_true",
+                    help="compile every step, the peer's too, with pcbatch's own XLA options "
+                         "(`pcbatch.Tuning().compiler_options()`: on the CPU, no tree-reduction rewrite)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time each loss alone: where a step's time goes (forward, backward)")
     a = ap.parse_args(argv)
@@ -160,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     for b in batches:
         t0 = time.perf_counter()
         rows.append(measure(b, a.hidden, data.batch(stream[:b]), labels_all[:b], variants, repeats, min_time,
-                            a.breakdown))
+                            a.breakdown, pcbatch.Tuning().compiler_options() if a.xla_options else None))
         print(f"  batch {b}: measured in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
     print("Training throughput (trees/s, one jitted value_and_grad step; median, warm-up excluded)")
