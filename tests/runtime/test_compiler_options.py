@@ -35,6 +35,7 @@ def test_eager_calls_compile_without_the_tree_reduction_rewrite():
     for f in (fused, split):
         np.testing.assert_array_equal(f(n), want)
         np.testing.assert_array_equal(jax.jit(f)(n), want)   # traced: the caller's options
+        np.testing.assert_array_equal(jax.jit(lambda: f(np.asarray(n)))(), want)   # constants inside a trace
         np.testing.assert_array_equal(f.checked(n)[0], want)
 
 
