@@ -45,7 +45,8 @@ def main() -> None:
     print(f"# step_hlo  {datetime.datetime.now():%Y-%m-%d %H:%M}  jax {jax.__version__}  {jax.devices()[0].platform}")
     rows = []
     for name, f, args in cases():
-        text = jax.jit(f).lower(*args).compile().as_text()
+        # compiled as pcbatch compiles its own calls (`Tuning.compiler_options`)
+        text = jax.jit(f, compiler_options=f.options.tuning.compiler_options()).lower(*args).compile().as_text()
         c = hlo_step_counts(text)
         rows.append([name] + [str(c["every step"][k]) for k in KINDS] + [str(c["in branches"][k]) for k in KINDS])
         print("  ", " | ".join(rows[-1]), flush=True)
