@@ -743,9 +743,7 @@ def auto_schedule(logdensity_fn: Callable, initial_positions: Any) -> str:
     chain."""
     if jax.default_backend() == "cpu":
         return "gradient_last"
-    x = initial_positions if isinstance(initial_positions, jax.Array) else jnp.asarray(initial_positions)
-    chains = x.shape[0] if x.ndim == 2 else 1
-    flops = _gradient_flops(logdensity_fn, x.shape[-1], jnp.dtype(x.dtype).name)
+    chains, _, flops = _gradient_cost(logdensity_fn, initial_positions)
     return "gradient_last_all" if flops is not None and flops * chains <= ALL_BLOCKS_FLOPS else "gradient_last"
 
 
@@ -775,16 +773,21 @@ def auto_leaves_per_step(logdensity_fn: Callable, initial_positions: Any) -> int
     (10-d, 50 and 199 flops) 1.1-1.3x faster, the 50-d Student-t and the
     centered funnel at 16 chains 1.1x; at 128 chains the wasted leaves cost
     more than the steps saved (the Student-t 0.9x, the centered funnel 0.8x)."""
-    x = initial_positions if isinstance(initial_positions, jax.Array) else jnp.asarray(initial_positions)
-    chains = x.shape[0] if x.ndim == 2 else 1
-    flops = _gradient_flops(logdensity_fn, x.shape[-1], jnp.dtype(x.dtype).name)
+    chains, dim, flops = _gradient_cost(logdensity_fn, initial_positions)
     if flops is None:  # no cost model on this backend: the default
         return 2
     per_step, per_chain = SINGLE_LEAF_FLOPS
     if flops >= per_step / chains + per_chain:
         return 1
     cheap, few, coordinates = FOUR_LEAVES
-    return 4 if flops <= cheap and chains <= few and chains * x.shape[-1] <= coordinates else 2
+    return 4 if flops <= cheap and chains <= few and chains * dim <= coordinates else 2
+
+
+def _gradient_cost(logdensity_fn: Callable, initial_positions: Any) -> tuple[int, int, float | None]:
+    """Chains, coordinates and XLA's flop count of one gradient (None where the backend has no cost model)."""
+    x = initial_positions if isinstance(initial_positions, jax.Array) else jnp.asarray(initial_positions)
+    chains = x.shape[0] if x.ndim == 2 else 1
+    return chains, x.shape[-1], _gradient_flops(logdensity_fn, x.shape[-1], jnp.dtype(x.dtype).name)
 
 
 @functools.lru_cache(maxsize=64)
