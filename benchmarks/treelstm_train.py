@@ -88,7 +88,7 @@ def close(got: Any, want: Any) -> bool:
 
 
 def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, variants: list[str], repeats: int,
-            min_time: float, breakdown: bool = False, xla: dict[str, str] | None = None) -> dict[str, Any]:
+            min_time: float, breakdown: bool = False, xla: dict[str, Any] | None = None) -> dict[str, Any]:
     jit = functools.partial(jax.jit, compiler_options=xla or None)
     params = tc.init_params(jax.random.PRNGKey(hidden), VOCAB, hidden)
     dev_trees, dev_labels = jax.device_put((trees, labels))

@@ -349,7 +349,7 @@ class TopLevelJit:
         return self.top.lower(inputs, workspace)
 
 
-def _top_level(jit: Callable[[Callable], Any], fn: Callable, xla: dict[str, str]) -> Callable:
+def _top_level(jit: Callable[[Callable], Any], fn: Callable, xla: dict[str, str | bool]) -> Callable:
     traced = jit(fn)
     return TopLevelJit(traced, jax.jit(traced, donate_argnums=(1,), compiler_options=xla)) if xla else traced
 

@@ -55,14 +55,15 @@ class Tuning:
         predicate, while masked blocks only queue kernels); None: True on
         accelerators, False on the CPU (`jax.default_backend()` when the
         machine is built).
-    fused_reductions: on the CPU, pcbatch compiles its own calls without
-        XLA's tree-reduction rewrite (`xla_disable_hlo_passes`), so XLA:CPU
-        fuses each reduction with what it reduces: a follow block's
-        `any(pc == b)` or the scheduler's `min(pc)` is one kernel, not three
-        (a reduction to a window of 32, then the rest). The draws of every
-        NUTS target in `benchmarks/nuts.py` are the same bit for bit; the
-        funnel at 128 chains runs 1.3x faster, collatz 2x. A caller's own
-        `jax.jit` compiles with the caller's options instead.
+    cpu_xla_options: on the CPU, pcbatch compiles its own calls with two XLA
+        options measured on its machines (`compiler_options`). No
+        tree-reduction rewrite: XLA:CPU then fuses each reduction with what
+        it reduces, so a follow block's `any(pc == b)` or the scheduler's
+        `min(pc)` is one kernel, not three (a reduce-window of 32, then the
+        rest). Copy insertion by region analysis: fewer copies of values a
+        conditional's branch passes through. Same results bit for bit on
+        every `benchmarks/nuts.py` target; NUTS 1.0-1.4x faster, collatz
+        3x. A caller's own `jax.jit` compiles with the caller's options.
 
     >>> import pcbatch
     >>> pcbatch.Tuning(max_widths=2).widths(256)
@@ -85,16 +86,16 @@ class Tuning:
     fork_measure_min_pool_lanes: int = 8
     pool_first_stack_depth: int = 32
     masked_follow: bool | None = None
-    fused_reductions: bool = True
+    cpu_xla_options: bool = True
 
     def __post_init__(self) -> None:
         if not (self.masked_follow is None or isinstance(self.masked_follow, bool)):
             raise OptionError("tuning.masked_follow", f"must be True, False or None, got {self.masked_follow!r}",
                               "None (the default) chooses by backend.")
-        if not isinstance(self.fused_reductions, bool):
-            raise OptionError("tuning.fused_reductions", f"must be True or False, got {self.fused_reductions!r}")
+        if not isinstance(self.cpu_xla_options, bool):
+            raise OptionError("tuning.cpu_xla_options", f"must be True or False, got {self.cpu_xla_options!r}")
         for f in fields(self):
-            if f.name in ("masked_follow", "fused_reductions"):
+            if f.name in ("masked_follow", "cpu_xla_options"):
                 continue
             value = getattr(self, f.name)
             low = -1 if f.name == "switch_max_leaves" else 0
@@ -115,10 +116,12 @@ class Tuning:
             return jax.default_backend() != "cpu"
         return self.masked_follow
 
-    def compiler_options(self) -> dict[str, str]:
-        """XLA options for the `jax.jit` of pcbatch's own calls (`fused_reductions`)."""
-        if self.fused_reductions and jax.default_backend() == "cpu":
-            return {"xla_disable_hlo_passes": "tree_reduction_rewriter"}
+    def compiler_options(self) -> dict[str, str | bool]:
+        """XLA options for the `jax.jit` of pcbatch's own calls (`cpu_xla_options`);
+        pass them to your own `jax.jit` around autobatched calls for the same code."""
+        if self.cpu_xla_options and jax.default_backend() == "cpu":
+            return {"xla_disable_hlo_passes": "tree_reduction_rewriter",
+                    "xla_cpu_copy_insertion_use_region_analysis": True}
         return {}
 
     def widths(self, widest: int) -> list[int]:
