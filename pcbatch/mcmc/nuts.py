@@ -593,7 +593,7 @@ class GradientLast:
     name = "gradient_last"
 
     def __init__(self, leaf: int, follow: bool | str = True):
-        if follow not in (True, False, "all"):
+        if not (isinstance(follow, bool) or follow == "all"):
             raise _invalid(f"follow must be True, False or 'all', got {follow!r}")
         self.leaf, self.follows = int(leaf), follow
         self.follow: tuple[int, ...] = ()  # the blocks, once bound to a program

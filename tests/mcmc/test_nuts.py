@@ -118,8 +118,9 @@ def test_2d_uturns_under_earliest_and_one_leaf_per_step():
     # Every block followed and masked (no conditional in a step, for GPUs): the same draws.
     every = last.with_schedule(nuts.GradientLast(last.scheduler.leaf, follow="all"))
     _assert_same(every.with_options(tuning=pcbatch.Tuning(masked_follow=True))(*args), ref)
-    with pytest.raises(pcbatch.PcbatchError, match="follow"):
-        nuts.GradientLast(last.scheduler.leaf, follow="some")
+    for bad in ("some", 1):
+        with pytest.raises(pcbatch.PcbatchError, match="follow"):
+            nuts.GradientLast(last.scheduler.leaf, follow=bad)
     visits = [t.blocks.count(last.scheduler.leaf) for t in last.reference_trace(*args)]
     # One leaf per step wastes no leaf: a chain visits the leaf block once per
     # gradient it needs (the pairs wasted one per transition). Its draws equal
