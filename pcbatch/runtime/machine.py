@@ -120,6 +120,7 @@ class Machine:
         large_stacks = {st for st, t in self.stacks.items() if nbytes(t) * num_lanes >= large_bytes}
         self.small = [v for v in self.stored if v not in large]
         small_leaves = sum(len(jax.tree_util.tree_leaves(prog.var_types[v])) for v in self.small)
+        self.carry_stacks = config.tuning.switch_carries_stacks(num_lanes)
         self.heavy = set()
         for b in range(prog.num_blocks):
             regs, _, popped, pushed = self._footprint(b)
@@ -162,12 +163,16 @@ class Machine:
 
     # --- one block -------------------------------------------------------
     #
-    # Stacks are neither operands nor results of `lax.switch`: XLA would copy
-    # them every step. Each stack's top per lane is gathered before the switch;
-    # a branch returns one write request per stack (row `D` = no write),
-    # applied after the switch as an in-place scatter. Lowering guarantees a
-    # block reads a stack (Pop/Peek) at most once and before it writes it
-    # (Push/Update) at most once, so the pre-gathered top is the one it reads.
+    # `run` reads each stack's top per lane from `stacks` and returns one write
+    # request per stack (row `D` = no write). Lowering guarantees a block reads
+    # a stack (Pop/Peek) at most once and before it writes it (Push/Update) at
+    # most once, so the top gathered before the block is the one it reads.
+    # With more than one lane the stacks pass through the switch and each
+    # branch gathers and scatters its own (`_carried_branch`); XLA:CPU's copy
+    # insertion by region analysis then updates them in place, and a step that
+    # touches no stack costs nothing for them. With one lane (or
+    # `Tuning(carry_stacks=False)`) the tops are gathered before the switch and
+    # the writes scattered after it (`_switch_step`), which XLA runs faster there.
 
     def block_fn(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
         prog, block, types = self.prog, self.prog.blocks[b], self.prog.var_types
@@ -324,10 +329,15 @@ class Machine:
         follow = [(b, self.block_cond(b, consts, inv, count=True, masked=masked)) for b in followed]
         light = [b for b in range(self.prog.num_blocks) if b not in self.heavy and b not in followed]
         writers, popped = self._switch_stacks(light)
-        branches = [self._light_branch(b, consts, inv, writers) for b in light]
+        carry = self.carry_stacks
+        if carry:
+            carried = sorted(set(writers) | set(popped))
+            branches = [self._carried_branch(b, consts, inv) for b in light]
+        else:
+            branches = [self._light_branch(b, consts, inv, writers) for b in light]
         some_elsewhere = len(light) < self.prog.num_blocks
         if some_elsewhere:  # the switch's branch when another block was chosen: nothing
-            branches.append(self._noop_branch(writers))
+            branches.append((lambda ls, st: (ls, st)) if carry else self._noop_branch(writers))
             slot = jnp.asarray([light.index(b) if b in light else len(light)
                                 for b in range(self.prog.num_blocks)] + [len(light)], index_dtype())
         in_place = [(b, self.block_cond(b, consts, inv)) for b in sorted(self.heavy) if b not in followed]
@@ -345,7 +355,9 @@ class Machine:
             earliest = jnp.minimum(jnp.min(before), halt)
             block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, depth, earliest))
             block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
-            if light:
+            if light and carry:
+                state = self._carried_switch_step(slot[block] if some_elsewhere else block, branches, carried, state)
+            elif light:
                 state = self._switch_step(slot[block] if some_elsewhere else block, block, branches, writers,
                                           popped, state)
             for b, run_in_place in in_place:
@@ -369,6 +381,42 @@ class Machine:
         pc_stack = final.pc_stack if final.pc_stack is not None else workspace["pc_stack"]
         out = result, status, {"stacks": final.stacks, "pc_stack": pc_stack}
         return out if recorder is None else (*out, tape)
+
+    def _carried_switch_step(self, index: jax.Array, branches: list, carried: list[str],
+                             state: MachineState) -> MachineState:
+        """The light blocks: one `lax.switch` whose operands include the stacks
+        its blocks touch (`carried`, the pc stack as `PC`)."""
+        stacks = {s: state.stacks[s] for s in carried if s != PC}
+        if PC in carried:
+            stacks[PC] = state.pc_stack
+        lane_state = {"pc": state.pc, "regs": {v: state.regs[v] for v in self.small},
+                      "sps": state.sps, **({"pc_sp": state.pc_sp} if state.pc_sp is not None else {})}
+        lane_state, stacks = lax.switch(index, branches, lane_state, stacks)
+        pc_stack = stacks.pop(PC) if PC in stacks else state.pc_stack
+        return state._replace(pc=lane_state["pc"], regs={**state.regs, **lane_state["regs"]}, sps=lane_state["sps"],
+                              pc_sp=lane_state.get("pc_sp", state.pc_sp), pc_stack=pc_stack,
+                              stacks={**state.stacks, **stacks})
+
+    def _carried_branch(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
+        """Block b as a branch of `_carried_switch_step`: it reads its tops and
+        writes its pushes itself."""
+        run, lanes = self.block_fn(b, consts, inv), self.lane_ids
+        _, _, popped, pushed = self._footprint(b)
+        term = self.prog.blocks[b].term
+        pc_read = isinstance(term, Return) and self.prog.has_calls
+        pc_write = isinstance(term, PushJump)
+
+        def branch(lane_state, stacks):
+            sps = {**self.layout.pointers(lane_state["sps"]), **({PC: lane_state["pc_sp"]} if pc_read else {})}
+            tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s])
+                    for s in (*popped, *((PC,) if pc_read else ()))}
+            lane_state, writes = run(lane_state, tops)
+            stacks = dict(stacks)
+            for s in (*pushed, *((PC,) if pc_write else ())):
+                row, value = writes[s]
+                stacks[s] = tree_map(lambda a, y: a.at[row, lanes].set(y, **DROP), stacks[s], value)
+            return lane_state, stacks
+        return branch
 
     def _switch_step(self, index: jax.Array, block: jax.Array, branches: list, writers: dict[str, list[int]],
                      popped: list[str], state: MachineState) -> MachineState:

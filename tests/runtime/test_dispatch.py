@@ -3,8 +3,10 @@
 `Machine` runs a block either in the shared `lax.switch` (small state) or in
 place under a `lax.cond` of its own (blocks touching large registers or
 stack frames; every block when there are many small register leaves). The
+switch either carries the stacks (each branch pops and pushes its own) or
+leaves them outside (tops gathered before it, writes scattered after). The
 thresholds are `pcbatch.Tuning` options; here they are forced so that each program
-runs all-switch, all-cond and mixed, and every way must equal the original
+runs all-switch (both ways), all-cond and mixed, and every way must equal the original
 Python run example by example. `runtime/inplace.py` folds the lane mask into
 `buf.at[i].set(v)` / `dynamic_update_slice` on large registers; its programs
 write rows from divergent control flow.
@@ -30,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
 from corpus import CASES_BY_NAME  # noqa: E402
 from test_corpus import assert_same  # noqa: E402
 
-MODES = {  # (Tuning.large_register_bytes, Tuning.switch_max_leaves)
-    "switch": (1 << 40, 1 << 20),
-    "conds": (1, -1),
-    "mixed": (64, 1 << 20),  # only blocks touching a register of >= 64 bytes (all lanes) run in place
+MODES = {  # (Tuning.large_register_bytes, Tuning.switch_max_leaves, Tuning.carry_stacks)
+    "switch": (1 << 40, 1 << 20, True),
+    "switch_stacks_outside": (1 << 40, 1 << 20, False),
+    "conds": (1, -1, None),
+    "mixed": (64, 1 << 20, None),  # only blocks touching a register of >= 64 bytes (all lanes) run in place
 }
 
 
@@ -43,8 +46,9 @@ def mode(request):
 
 
 def in_mode(f: pcbatch.Autobatched, mode: str) -> pcbatch.Autobatched:
-    large, leaves = MODES[mode]
-    return f.with_options(tuning=pcbatch.Tuning(large_register_bytes=large, switch_max_leaves=leaves))
+    large, leaves, carry = MODES[mode]
+    return f.with_options(tuning=pcbatch.Tuning(large_register_bytes=large, switch_max_leaves=leaves,
+                                                carry_stacks=carry))
 
 
 def _heavy(f, *args) -> set[int]:
@@ -65,7 +69,7 @@ def test_corpus_programs_in_every_mode(name, mode):
     args = case.args(list(case.divergent))
     assert_same(case, f(*args), case.fn.reference(*args))
     heavy = _heavy(f, *args)
-    assert (not heavy) if mode == "switch" else (len(heavy) == f.lowered(*args).num_blocks if mode == "conds"
+    assert (not heavy) if mode.startswith("switch") else (len(heavy) == f.lowered(*args).num_blocks if mode == "conds"
                                                  else True)
 
 
