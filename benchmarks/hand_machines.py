@@ -25,9 +25,12 @@ Two versions of fib:
   the `[D, lanes]` stacks never enter `lax.switch`. The stack reads a block may
   need are gathered before the switch, the branch returns the small per-lane
   state plus at most one frame write `(row, value, return pc)`, and that
-  scatter runs once after the switch. (XLA's copy insertion makes every
-  `conditional` branch copy every buffer it passes through; keeping the big
-  stacks out of the conditional removes those copies.)
+  scatter runs once after the switch. (XLA's default copy insertion makes
+  every `conditional` branch copy every buffer it passes through; keeping the
+  big stacks out of the conditional removes those copies. With copy insertion
+  by region analysis, pcbatch's CPU option, the copies are gone and
+  `fib_switch` is the faster from 2 lanes up: pcbatch's machine carries its
+  stacks through the switch there too, `Tuning.carry_stacks`.)
 
 collatz has no stacks, so it has one version. The heavy-block twins
 (`leaves_hand`, `tree_lstm_hand`) are written the hoisted way only.
