@@ -47,6 +47,8 @@ part nuts_cheap 150 "$py" -m benchmarks.nuts --targets student_t,eight_schools,f
 # XLA's command buffers for loops and conditionals (CUDA graphs)
 part nuts_cmdbuf 60 env XLA_FLAGS=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL "$py" -m benchmarks.nuts --targets gaussian --chains 128 --peers blackjax --repeats 3 --figure ''
 part step_hlo 50 "$py" -m benchmarks.step_hlo
+# the fork-join pool's updates under conditionals (the CPU's way) against masked (the GPU's default)
+part pool_masked 60 "$py" -m benchmarks.pool_masked --repeats 5
 part treelstm 50 "$py" -m benchmarks.treelstm --batches 64 --hiddens 64 --repeats 3
 # what time is left: is pcbatch right on the GPU too? (-n 0: xdist workers crashed on the GPU)
 part tests 90 env JAX_PLATFORMS=cuda XLA_FLAGS= "$py" -m pytest -q -x -p no:cacheprovider -n 0 tests/fuzz/test_fuzz_follow.py tests/fuzz/test_fuzz_forked.py tests/core/test_api.py

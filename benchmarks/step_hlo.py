@@ -30,7 +30,10 @@ def cases():
     yield "collatz (batch 1024)", collatz, (collatz_inputs(1024, 1000),)
     tree_lstm, args = treelstm_case()
     yield "Tree-LSTM H 64, fork=False (batch 64)", tree_lstm.with_options(fork=False), args
-    yield "Tree-LSTM H 64, fork=True (batch 64)", tree_lstm.with_options(fork=True), args
+    for masked in (False, True):   # the backend picks one by default (`Tuning.masked_pool_updates`)
+        how = "pool updates masked" if masked else "pool updates under conds"
+        yield f"Tree-LSTM H 64, fork=True (batch 64), {how}", \
+            tree_lstm.with_options(fork=True, tuning=pcbatch.Tuning(masked_pool_updates=masked)), args
     nuts, args = nuts_case()
     for masked in (False, True):   # the backend picks one by default (`Tuning.masked_follow`)
         how = "masked" if masked else "under conds"

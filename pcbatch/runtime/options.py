@@ -63,6 +63,14 @@ class Tuning:
         predicate, while masked blocks only queue kernels); None: True on
         accelerators, False on the CPU (`jax.default_backend()` when the
         machine is built).
+    masked_pool_updates: how the fork-join pool's step applies what its
+        block did (register, stack and pc-stack rows, children spawned, lanes
+        freed, parents woken): False, each under a `lax.cond` on the blocks
+        that do it (on the CPU a skipped update costs nothing); True, every
+        step, with the lane indices of a block that does not do it pointed at
+        no lane, so its scatters drop every row (no conditional but the
+        block's switch: XLA:GPU waits on the host for each). None: True on
+        accelerators, False on the CPU.
     cpu_xla_options: on the CPU, pcbatch compiles its own calls with two XLA
         options measured on its machines (`compiler_options`). No
         tree-reduction rewrite: XLA:CPU then fuses each reduction with what
@@ -96,6 +104,7 @@ class Tuning:
     masked_follow: bool | None = None
     cpu_xla_options: bool = True
     carry_stacks: bool | None = None
+    masked_pool_updates: bool | None = None
 
     def __post_init__(self) -> None:
         if not (self.masked_follow is None or isinstance(self.masked_follow, bool)):
@@ -104,10 +113,14 @@ class Tuning:
         if not (self.carry_stacks is None or isinstance(self.carry_stacks, bool)):
             raise OptionError("tuning.carry_stacks", f"must be True, False or None, got {self.carry_stacks!r}",
                               "None (the default) chooses by the number of lanes.")
+        if not (self.masked_pool_updates is None or isinstance(self.masked_pool_updates, bool)):
+            raise OptionError("tuning.masked_pool_updates",
+                              f"must be True, False or None, got {self.masked_pool_updates!r}",
+                              "None (the default) chooses by backend.")
         if not isinstance(self.cpu_xla_options, bool):
             raise OptionError("tuning.cpu_xla_options", f"must be True or False, got {self.cpu_xla_options!r}")
         for f in fields(self):
-            if f.name in ("masked_follow", "cpu_xla_options", "carry_stacks"):
+            if f.name in ("masked_follow", "cpu_xla_options", "carry_stacks", "masked_pool_updates"):
                 continue
             value = getattr(self, f.name)
             low = -1 if f.name == "switch_max_leaves" else 0
@@ -127,6 +140,12 @@ class Tuning:
         if self.masked_follow is None:
             return jax.default_backend() != "cpu"
         return self.masked_follow
+
+    def pool_updates_masked(self) -> bool:
+        """Whether the pool's updates run masked (`masked_pool_updates`, None resolved by backend)."""
+        if self.masked_pool_updates is None:
+            return jax.default_backend() != "cpu"
+        return self.masked_pool_updates
 
     def switch_carries_stacks(self, lanes: int) -> bool:
         """Whether a machine of `lanes` lanes passes stacks through its switch (`carry_stacks`)."""

@@ -135,6 +135,7 @@ class PoolMachine:
         self.lanes = max(config.max_lanes or num_examples, num_examples)
         self.width = min(config.lane_width or self.lanes, self.lanes)
         self.widths = config.tuning.widths(self.width)  # narrower copies of every block
+        self.masked = config.tuning.pool_updates_masked()
         self.depth = config.max_stack_depth
         self.max_steps = config.max_steps
         self.scheduler = bind(config.scheduler, prog)
@@ -556,6 +557,18 @@ class PoolMachine:
             free = FreeLanes(free.lanes.at[slot].set(freed, **DROP), free.top + jnp.sum(back, dtype=pc.dtype))
             return free, pc.at[freed].set(self.free, **DROP)
 
+        masked = self.masked
+        no_lane = jnp.asarray(M, index_dtype())
+
+        def gate(on: jax.Array, run, skip, *operands):
+            """`run(*operands)` where `on`, else `skip`: a `lax.cond`, or (masked) `run`
+            itself, its operands' lane indices already pointed at no lane (`only`)
+            where not `on`, so that its scatters drop every row."""
+            return run(*operands) if masked else lax.cond(on, run, skip, *operands)
+
+        def only(on: jax.Array, lanes: jax.Array, none: Any = no_lane) -> jax.Array:
+            return jnp.where(on, lanes, none) if masked else lanes
+
         def step(state: PoolState, observe):
             pc, queues = state.pc, state.queues
             count = queues.count
@@ -579,48 +592,56 @@ class PoolMachine:
             work = state.work.at[examples].add(1, **DROP)
             failed = state.failed
             if self.fail_blocks:  # only steps at a Fail block pay for flagging its lanes' examples
-                failed = lax.cond(block_in(block, self.fail_blocks), self._flag_failed, lambda f, *_: f,
-                                  failed, examples, block)
+                at_fail = block_in(block, self.fail_blocks)
+                failed = gate(at_fail, self._flag_failed, lambda f, *_: f, failed, only(at_fail, examples, B), block)
             # One conditional per set of writing blocks (a step pays for each, taken or not).
             regs = dict(state.regs)
             for writers, names in self.reg_groups:
-                regs.update(lax.cond(block_in(block, writers),
-                                     lambda r, x: {v: scatter_rows(r[v], ids, x[v]) for v in r},
-                                     lambda r, x: r, {v: regs[v] for v in names}, {v: out["regs"][v] for v in names}))
+                rows = only(block_in(block, writers), ids)
+                regs.update(gate(block_in(block, writers),
+                                 lambda r, x: {v: scatter_rows(r[v], rows, x[v]) for v in r},
+                                 lambda r, x: r, {v: regs[v] for v in names}, {v: out["regs"][v] for v in names}))
             stacks = dict(state.stacks)
             for writers, names in self.stack_groups:
-                stacks.update(lax.cond(
+                rows = only(block_in(block, writers), ids)
+                stacks.update(gate(
                     block_in(block, writers),
-                    lambda a, r, x: {s: tree_map(lambda y, z: y.at[r[s], ids].set(z, **DROP), a[s], x[s])
+                    lambda a, r, x: {s: tree_map(lambda y, z: y.at[r[s], rows].set(z, **DROP), a[s], x[s])
                                      for s in a},
                     lambda a, r, x: a, {s: stacks[s] for s in names}, {s: out["stack_rows"][s] for s in names},
                     {s: out["stack_values"][s] for s in names}))
             row, value = out["pc_row"], out["pc_value"]
-            pc_stack = lax.cond(block_in(block, self.pushjumps),
-                                lambda a: a.at[row, ids].set(value, **DROP), lambda a: a, state.pc_stack)
+            pushing = only(block_in(block, self.pushjumps), ids)
+            pc_stack = gate(block_in(block, self.pushjumps),
+                            lambda a: a.at[row, pushing].set(value, **DROP), lambda a: a, state.pc_stack)
             kid = out["spawn_lanes"]
             pc = pc.at[ids].set(out["pc"], **DROP)
             queues = enqueue(queues, jnp.concatenate([ids, kid]),
                              *ranks_by_slot(out["slot"], self.successor_table[block], nb))
             # Children spawned (Fork, Launch): their pcs and rows; a launch appends to its parent's
             # child list (the old last child points on). Only spawning blocks pay for it.
-            pc, lane = lax.cond(block_in(block, self.spawners), spawn, lambda pc, lane, *_: (pc, lane),
-                                pc, lane, kid, out["spawn_starts"], out["spawn_rows"], out["link"])
+            spawning = block_in(block, self.spawners)
+            link = tuple(only(spawning, x) for x in out["link"])
+            pc, lane = gate(spawning, spawn, lambda pc, lane, *_: (pc, lane),
+                            pc, lane, only(spawning, kid), out["spawn_starts"], out["spawn_rows"], link)
             # Free lanes: a Fork's children were popped off the top; a Join's (a Collect's) go back on.
             free_top = free_top - out["used"]
-            free, pc = lax.cond(block_in(block, self.releasers), release, lambda free, pc, *_: (free, pc),
-                                FreeLanes(state.free.lanes, free_top), pc, out["freed"])
+            releasing = block_in(block, self.releasers)
+            free, pc = gate(releasing, release, lambda free, pc, *_: (free, pc),
+                            FreeLanes(state.free.lanes, free_top), pc, only(releasing, out["freed"]))
             src, example = column(out["spawn_rows"], col["parent"]), column(out["spawn_rows"], col["example"])
             for f, term in self.forks.items():
-                regs = lax.cond(block == f, self._spawn_params(term, consts, inv, kid, src, example),
-                                lambda r: r, regs)
+                regs = gate(block == f, self._spawn_params(term, consts, inv, only(block == f, kid), src, example),
+                            lambda r: r, regs)
             for p, (lanes_p, vals) in out["launch_params"].items():
-                regs[p] = lax.cond(block_in(block, self.launch_params[p]), lambda r, l, x: scatter_rows(r, l, x),
-                                   lambda r, l, x: r, regs[p], lanes_p, vals)
+                launching = block_in(block, self.launch_params[p])
+                regs[p] = gate(launching, lambda r, l, x: scatter_rows(r, l, x),
+                               lambda r, l, x: r, regs[p], only(launching, lanes_p), vals)
             # Only blocks that can end a child's lane wake parents: the rest skip this (several kernels).
-            lane, claim, queues, pc = lax.cond(block_in(block, self.finishers), finish, lambda *a: a[:4],
-                                               lane, state.claim, queues, pc, out["decrement"],
-                                               column(out["lane"], col["depth"]))
+            finishing = block_in(block, self.finishers)
+            lane, claim, queues, pc = gate(finishing, finish, lambda *a: a[:4],
+                                           lane, state.claim, queues, pc, only(finishing, out["decrement"]),
+                                           column(out["lane"], col["depth"]))
             new = PoolState(pc=pc, lane=lane, regs=regs, stacks=stacks, pc_stack=pc_stack, queues=queues, free=free,
                             claim=claim, work=work, failed=failed, peak=jnp.maximum(state.peak, M - free.top),
                             steps=state.steps + 1, sched=sched)

@@ -58,7 +58,8 @@ def test_unknown_option_names_the_closest():
 
 @pytest.mark.parametrize("bad", [dict(max_widths=0), dict(min_width=-1), dict(switch_max_leaves=-2),
                                  dict(min_lane_width=4096), dict(large_register_bytes=1.5),
-                                 dict(masked_follow=1), dict(masked_follow="auto"), dict(carry_stacks=0)])
+                                 dict(masked_follow=1), dict(masked_follow="auto"), dict(carry_stacks=0),
+                                 dict(masked_pool_updates="yes")])
 def test_bad_tuning_is_a_named_error(bad):
     with pytest.raises(pcbatch.OptionError, match="tuning"):
         pcbatch.Tuning(**bad)
@@ -69,6 +70,12 @@ def test_masked_follow_resolves_by_backend():
     assert pcbatch.Tuning().follow_masked() == (jax.default_backend() != "cpu")
     assert pcbatch.Tuning(masked_follow=True).follow_masked() is True
     assert pcbatch.Tuning(masked_follow=False).follow_masked() is False
+
+
+def test_masked_pool_updates_resolve_by_backend():
+    import jax
+    assert pcbatch.Tuning().pool_updates_masked() == (jax.default_backend() != "cpu")
+    assert pcbatch.Tuning(masked_pool_updates=True).pool_updates_masked() is True
 
 
 def test_carry_stacks_resolves_by_lanes():

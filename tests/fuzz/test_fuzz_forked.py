@@ -4,10 +4,13 @@ widths. A file of its own so that xdist runs it beside `test_fuzz.py`."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
-from .generator import SMALL
+import pcbatch
+
+from .generator import LARGE, SMALL
 from .test_fuzz import CHUNKS, _examples, _run
 
 
@@ -21,3 +24,45 @@ def test_fuzz_forked_programs(chunk):
     ran = _run(n, SMALL, forks=(True,), chunk=CHUNKS + chunk)
     print(f"fuzz (fork=True): {ran} programs", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
+
+
+def masked_pool(fn):
+    """`fn` with the pool's updates masked instead of under conditionals (`Tuning.masked_pool_updates`,
+    the GPU's default)."""
+    return fn.with_options(tuning=pcbatch.Tuning(masked_pool_updates=True))
+
+
+def test_fuzz_forked_masked_pool_updates():
+    """`make test`: 3 fixed random programs with fork=True and the pool's updates masked."""
+    n = max(1, _examples(48) // 16)
+    ran = _run(n, SMALL, forks=(True,), chunk=30, adapt=masked_pool)
+    assert ran >= n, f"only {ran} of {n} generated programs ran"
+
+
+@pytest.mark.slow
+def test_fuzz_forked_masked_pool_updates_long():
+    """`make fuzz`: PCBATCH_FUZZ_EXAMPLES / 10 large programs with fork=True and masked pool updates."""
+    n = max(1, _examples(10_000) // 10)
+    ran = _run(n, LARGE, forks=(True,), chunk=31, adapt=masked_pool)
+    assert ran >= n, f"only {ran} of {n} generated programs ran"
+
+
+def test_masked_pool_updates_leave_one_conditional_a_step():
+    """With `masked_pool_updates=True` a pool step holds no conditional but its
+    block switch (XLA:GPU syncs with the host on every one); the same results."""
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(Path(__file__).parents[2]))
+    from benchmarks.common import hlo_step_counts
+    sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
+    from corpus import fib
+
+    x = jnp.arange(9)
+    conds = {}
+    for masked in (False, True):
+        f = fib.with_options(fork=True, tuning=pcbatch.Tuning(masked_pool_updates=masked))
+        counts = hlo_step_counts(jax.jit(f).lower(x).compile().as_text())
+        conds[masked] = counts["every step"]["conditional"]
+        assert [int(v) for v in f(x)] == [int(v) for v in fib.reference(x)]
+    assert conds[True] == 1 < conds[False], conds
