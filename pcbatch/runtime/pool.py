@@ -27,7 +27,9 @@ Each step `lax.switch` runs the chosen block on its lanes gathered into a
 dense batch of the narrowest compiled width that holds them (one by default), and
 returns only those rows' new values. They are scattered into the pool after
 the switch (in place: XLA copies every full-size array a switch returns),
-each register's under a `lax.cond` that skips blocks which do not write it.
+each register's under a `lax.cond` that skips blocks which do not write it,
+or on accelerators every step with the rows of other blocks dropped
+(`Tuning.masked_pool_updates`: XLA:GPU waits on the host for each `cond`).
 """
 from __future__ import annotations
 
