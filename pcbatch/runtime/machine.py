@@ -237,6 +237,14 @@ class Machine:
         reads.update(v for v in term_reads(block.term) if v in stored)
         return sorted(reads | writes), sorted(writes), sorted(popped), sorted(pushed)
 
+    def _tops(self, stacks: dict[str, Any], sps: dict[str, jax.Array], names) -> dict[str, Any]:
+        """Each stack in `names`: its top frame per lane (row `sp - 1`; row 0 when empty)."""
+        return {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), self.lane_ids], stacks[s]) for s in names}
+
+    def _write(self, stack: Any, row: jax.Array, value: Any) -> Any:
+        """`stack` with each lane's `value` at its `row` (row `D`: no write)."""
+        return tree_map(lambda a, y: a.at[row, self.lane_ids].set(y, **DROP), stack, value)
+
     def _switch_stacks(self, light: list[int]) -> tuple[dict[str, list[int]], list[str]]:
         """For the blocks in the switch (`light`): per stack, those that push
         it (none: no entry), and the stacks they pop (the pc stack for a Return)."""
@@ -254,7 +262,7 @@ class Machine:
         that run it count it in `depth` there (for a follow block: counted
         outside, the count would read the pc from before the conditional,
         and XLA would copy the pc in its untaken branch to keep it)."""
-        run, lanes = self.block_fn(b, consts, inv), self.lane_ids
+        run = self.block_fn(b, consts, inv)
         regs_in, regs_out, popped, pushed = self._footprint(b)
         term = self.prog.blocks[b].term
         stacks_in = sorted(set(popped) | set(pushed))
@@ -266,8 +274,7 @@ class Machine:
             sps = {**self.layout.pointers(sub["sps"]), **({PC: sub["pc_sp"]} if pc_read else {})}
             if pc_read:
                 stacks[PC] = sub["pc_stack"]
-            tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s])
-                    for s in (*popped, *((PC,) if pc_read else ()))}
+            tops = self._tops(stacks, sps, (*popped, *((PC,) if pc_read else ())))
             lane_state = {"pc": sub["pc"], "regs": sub["regs"], "sps": sub["sps"]}
             if "pc_sp" in sub:
                 lane_state["pc_sp"] = sub["pc_sp"]
@@ -275,14 +282,11 @@ class Machine:
             out = {"pc": lane_state["pc"], "regs": {v: lane_state["regs"][v] for v in regs_out},
                    "sps": {s: lane_state["sps"][s] for s in sub["sps"]}, "stacks": {}}
             for s in pushed:
-                row, value = writes[s]
-                out["stacks"][s] = tree_map(lambda a, y: a.at[row, lanes].set(y, **DROP),
-                                            sub["stacks"][s], value)
+                out["stacks"][s] = self._write(sub["stacks"][s], *writes[s])
             if "pc_sp" in sub:
                 out["pc_sp"] = lane_state["pc_sp"]
             if pc_write:
-                row, value = writes[PC]
-                out["pc_stack"] = sub["pc_stack"].at[row, lanes].set(value, **DROP)
+                out["pc_stack"] = self._write(sub["pc_stack"], *writes[PC])
             if count:
                 out["depth"] = sub["depth"] + (sub["pc"] == b)
             return out
@@ -400,7 +404,7 @@ class Machine:
     def _carried_branch(self, b: int, consts: dict[str, Any], inv: dict[str, Any]):
         """Block b as a branch of `_carried_switch_step`: it reads its tops and
         writes its pushes itself."""
-        run, lanes = self.block_fn(b, consts, inv), self.lane_ids
+        run = self.block_fn(b, consts, inv)
         _, _, popped, pushed = self._footprint(b)
         term = self.prog.blocks[b].term
         pc_read = isinstance(term, Return) and self.prog.has_calls
@@ -408,13 +412,10 @@ class Machine:
 
         def branch(lane_state, stacks):
             sps = {**self.layout.pointers(lane_state["sps"]), **({PC: lane_state["pc_sp"]} if pc_read else {})}
-            tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s])
-                    for s in (*popped, *((PC,) if pc_read else ()))}
-            lane_state, writes = run(lane_state, tops)
+            lane_state, writes = run(lane_state, self._tops(stacks, sps, (*popped, *((PC,) if pc_read else ()))))
             stacks = dict(stacks)
             for s in (*pushed, *((PC,) if pc_write else ())):
-                row, value = writes[s]
-                stacks[s] = tree_map(lambda a, y: a.at[row, lanes].set(y, **DROP), stacks[s], value)
+                stacks[s] = self._write(stacks[s], *writes[s])
             return lane_state, stacks
         return branch
 
@@ -422,23 +423,18 @@ class Machine:
                      popped: list[str], state: MachineState) -> MachineState:
         """The light blocks: one `lax.switch` (branch `index`) over the small state
         (`writers`, `popped`: `_switch_stacks` of its blocks)."""
-        lanes = self.lane_ids
         stacks = dict(state.stacks)
         if self.prog.has_calls:
             stacks[PC] = state.pc_stack
         lane_state = {"pc": state.pc, "regs": {v: state.regs[v] for v in self.small},
                       "sps": state.sps, **({"pc_sp": state.pc_sp} if state.pc_sp is not None else {})}
-        # Only the tops go into the switch: a whole stack there would be copied
-        # every step (XLA cannot tell the branch's read precedes the scatter below).
+        # Only the tops go into the switch (with one lane XLA runs this form faster).
         sps = {**self.layout.pointers(lane_state["sps"]), **({PC: lane_state["pc_sp"]} if PC in stacks else {})}
-        tops = {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), lanes], stacks[s]) for s in popped}
-        lane_state, writes = lax.switch(index, branches, lane_state, tops)
+        lane_state, writes = lax.switch(index, branches, lane_state, self._tops(stacks, sps, popped))
         for v, (row, value) in writes.items():
             # Under a cond on the blocks that push: XLA then updates in place
             # (unconditionally, it copies the stack every step).
-            stacks[v] = lax.cond(block_in(block, writers[v]),
-                                 lambda a, r, x: tree_map(lambda s, y: s.at[r, lanes].set(y, **DROP), a, x),
-                                 lambda a, r, x: a, stacks[v], row, value)
+            stacks[v] = lax.cond(block_in(block, writers[v]), self._write, lambda a, r, x: a, stacks[v], row, value)
         pc_stack = stacks.pop(PC) if self.prog.has_calls else state.pc_stack
         return state._replace(pc=lane_state["pc"], regs={**state.regs, **lane_state["regs"]}, sps=lane_state["sps"],
                               pc_sp=lane_state.get("pc_sp", state.pc_sp), pc_stack=pc_stack, stacks=stacks)
