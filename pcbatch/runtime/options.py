@@ -31,9 +31,10 @@ class Tuning:
         gathers its tops and scatters its pushes itself; False: the tops are
         gathered before the switch, the branch returns its writes and one
         scatter per stack runs after it, under a `lax.cond` on the blocks that
-        push. None: True with more than one lane (measured: 1.1-2.7x faster
-        on recursive programs from 2 lanes up; at one lane XLA:CPU runs the
-        second form faster, fib 0.28 against 1.2 ms).
+        push. None: True with more than one lane or on an accelerator
+        (measured on the CPU: 1.1-2.7x faster on recursive programs from 2
+        lanes up; at one lane XLA:CPU runs the second form faster, fib 0.28
+        against 1.2 ms; XLA:GPU waits on the host for each of its conds).
     max_widths, min_width: the fork-join pool compiles every block at up to
         `max_widths` lane widths, halving from the widest down to no fewer
         than `min_width` lanes; a step runs at the narrowest that holds its
@@ -149,7 +150,9 @@ class Tuning:
 
     def switch_carries_stacks(self, lanes: int) -> bool:
         """Whether a machine of `lanes` lanes passes stacks through its switch (`carry_stacks`)."""
-        return lanes > 1 if self.carry_stacks is None else self.carry_stacks
+        if self.carry_stacks is None:
+            return lanes > 1 or jax.default_backend() != "cpu"
+        return self.carry_stacks
 
     def compiler_options(self) -> dict[str, str | bool]:
         """XLA options for the `jax.jit` of pcbatch's own calls (`cpu_xla_options`);

@@ -78,8 +78,12 @@ def test_masked_pool_updates_resolve_by_backend():
     assert pcbatch.Tuning(masked_pool_updates=True).pool_updates_masked() is True
 
 
-def test_carry_stacks_resolves_by_lanes():
-    assert [pcbatch.Tuning().switch_carries_stacks(n) for n in (1, 2, 1024)] == [False, True, True]
+def test_carry_stacks_resolves_by_lanes_and_backend(monkeypatch):
+    import jax
+    assert [pcbatch.Tuning().switch_carries_stacks(n) for n in (1, 2, 1024)] == [jax.default_backend() != "cpu",
+                                                                                 True, True]
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert pcbatch.Tuning().switch_carries_stacks(1) is True
     assert pcbatch.Tuning(carry_stacks=False).switch_carries_stacks(1024) is False
     assert pcbatch.Tuning(carry_stacks=True).switch_carries_stacks(1) is True
 
