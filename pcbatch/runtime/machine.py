@@ -170,7 +170,7 @@ class Machine:
     # With more than one lane the stacks pass through the switch and each
     # branch gathers and scatters its own (`_carried_branch`); XLA:CPU's copy
     # insertion by region analysis then updates them in place, and a step that
-    # touches no stack costs nothing for them. With one lane (or
+    # touches no stack costs nothing for them. With one lane on the CPU (or
     # `Tuning(carry_stacks=False)`) the tops are gathered before the switch and
     # the writes scattered after it (`_switch_step`), which XLA runs faster there.
 
