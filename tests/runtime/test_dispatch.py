@@ -154,3 +154,20 @@ def test_masked_update_keeps_inactive_lanes():
         (out,) = masked(active, buf, jnp.array([1, 2, 3]), -jnp.ones((3, 3)))
         expect = jax.vmap(fn)(buf, jnp.array([1, 2, 3]), -jnp.ones((3, 3)))[0]
         np.testing.assert_array_equal(out, jnp.where(active[:, None, None], expect, buf))
+
+
+def test_carried_stacks_leave_the_switch_as_the_only_conditional():
+    """`carry_stacks=True`: the stacks pass through the block switch, so a step of
+    fib holds no conditional but the switch (with the stacks outside it, each
+    stack's write runs under one more); the same results both ways."""
+    sys.path.insert(0, str(Path(__file__).parents[2]))
+    from benchmarks.common import hlo_step_counts
+
+    case = CASES_BY_NAME["fib"]
+    args = case.args(list(case.divergent))
+    conds = {}
+    for carry in (False, True):
+        f = in_mode(case.fn, "switch" if carry else "switch_stacks_outside")
+        conds[carry] = hlo_step_counts(jax.jit(f).lower(*args).compile().as_text())["every step"]["conditional"]
+        assert_same(case, f(*args), case.fn.reference(*args))
+    assert conds[True] == 1 < conds[False], conds
