@@ -596,26 +596,28 @@ class PoolMachine:
             if self.fail_blocks:  # only steps at a Fail block pay for flagging its lanes' examples
                 at_fail = block_in(block, self.fail_blocks)
                 failed = gate(at_fail, self._flag_failed, lambda f, *_: f, failed, only(at_fail, examples, B), block)
-            # One conditional per set of writing blocks (a step pays for each, taken or not).
+            # One conditional per set of writing blocks (a step pays for each, taken or not), or masked.
             regs = dict(state.regs)
             for writers, names in self.reg_groups:
-                rows = only(block_in(block, writers), ids)
-                regs.update(gate(block_in(block, writers),
+                on = block_in(block, writers)
+                rows = only(on, ids)
+                regs.update(gate(on,
                                  lambda r, x: {v: scatter_rows(r[v], rows, x[v]) for v in r},
                                  lambda r, x: r, {v: regs[v] for v in names}, {v: out["regs"][v] for v in names}))
             stacks = dict(state.stacks)
             for writers, names in self.stack_groups:
-                rows = only(block_in(block, writers), ids)
+                on = block_in(block, writers)
+                rows = only(on, ids)
                 stacks.update(gate(
-                    block_in(block, writers),
+                    on,
                     lambda a, r, x: {s: tree_map(lambda y, z: y.at[r[s], rows].set(z, **DROP), a[s], x[s])
                                      for s in a},
                     lambda a, r, x: a, {s: stacks[s] for s in names}, {s: out["stack_rows"][s] for s in names},
                     {s: out["stack_values"][s] for s in names}))
             row, value = out["pc_row"], out["pc_value"]
-            pushing = only(block_in(block, self.pushjumps), ids)
-            pc_stack = gate(block_in(block, self.pushjumps),
-                            lambda a: a.at[row, pushing].set(value, **DROP), lambda a: a, state.pc_stack)
+            on = block_in(block, self.pushjumps)
+            pushing = only(on, ids)
+            pc_stack = gate(on, lambda a: a.at[row, pushing].set(value, **DROP), lambda a: a, state.pc_stack)
             kid = out["spawn_lanes"]
             pc = pc.at[ids].set(out["pc"], **DROP)
             queues = enqueue(queues, jnp.concatenate([ids, kid]),
