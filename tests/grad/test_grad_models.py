@@ -6,12 +6,14 @@ per-example Python (`grad_helpers.check_vjp`).
 
 Also: lane exhaustion (a few free lanes: forks and sequential calls on the
 pool's stacks mix), where the stack cotangents and spawned/joined lanes
-interleave.
+interleave, with the pool's updates under conditionals and masked.
 """
 from __future__ import annotations
 
 import jax
+import pytest
 
+import pcbatch
 from grad_helpers import check_vjp
 from pcbatch.ir.core import Join, Pop
 from pcbatch import data
@@ -39,10 +41,13 @@ def test_child_sum_calls_inside_if():
     check_vjp(child_sum.child_sum_tree_lstm, args(child_sum), positions=(0,))
 
 
-def test_lane_exhaustion():
+@pytest.mark.parametrize("masked", [False, True])
+def test_lane_exhaustion(masked):
     """A pool of 8 lanes for 5 trees: a few forks get lanes, the others run
-    their calls sequentially on the pool's stacks, within one run."""
-    f = nary.nary_tree_lstm.with_options(max_lanes=8, lane_width=16)
+    their calls sequentially on the pool's stacks, within one run; the pool's
+    updates under conditionals (the CPU's default) and masked (accelerators')."""
+    f = nary.nary_tree_lstm.with_options(max_lanes=8, lane_width=16,
+                                         tuning=pcbatch.Tuning(masked_pool_updates=masked))
     check_vjp(f, args(nary), positions=(0,), seed=3)
     prog, rows = f.lowered(*args(nary)), f.tape_info(*args(nary)).rows
     joins = [b for b, blk in enumerate(prog.blocks) if blk.ops and isinstance(blk.ops[0], Join)]
