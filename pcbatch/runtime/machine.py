@@ -237,6 +237,11 @@ class Machine:
         reads.update(v for v in term_reads(block.term) if v in stored)
         return sorted(reads | writes), sorted(writes), sorted(popped), sorted(pushed)
 
+    def _pc_use(self, b: int) -> tuple[bool, bool]:
+        """Whether block b pops the pc stack (a Return, in a program with calls) and pushes it (a PushJump)."""
+        term = self.prog.blocks[b].term
+        return isinstance(term, Return) and self.prog.has_calls, isinstance(term, PushJump)
+
     def _tops(self, stacks: dict[str, Any], sps: dict[str, jax.Array], names) -> dict[str, Any]:
         """Each stack in `names`: its top frame per lane (row `sp - 1`; row 0 when empty)."""
         return {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), self.lane_ids], stacks[s]) for s in names}
@@ -250,7 +255,7 @@ class Machine:
         it (none: no entry), and the stacks they pop (the pc stack for a Return)."""
         writers = {st: [b for b in ws if b in light] for st, ws in self.stack_writers.items()}
         popped = {st for b in light for st in self._footprint(b)[2]}
-        if self.prog.has_calls and any(isinstance(self.prog.blocks[b].term, Return) for b in light):
+        if any(self._pc_use(b)[0] for b in light):
             popped.add(PC)
         return {st: ws for st, ws in writers.items() if ws}, sorted(popped)
 
@@ -264,10 +269,8 @@ class Machine:
         and XLA would copy the pc in its untaken branch to keep it)."""
         run = self.block_fn(b, consts, inv)
         regs_in, regs_out, popped, pushed = self._footprint(b)
-        term = self.prog.blocks[b].term
         stacks_in = sorted(set(popped) | set(pushed))
-        pc_read = isinstance(term, Return) and self.prog.has_calls
-        pc_write = isinstance(term, PushJump)
+        pc_read, pc_write = self._pc_use(b)
 
         def true_fn(sub):
             stacks = dict(sub["stacks"])
@@ -390,13 +393,18 @@ class Machine:
                              state: MachineState) -> MachineState:
         """The light blocks: one `lax.switch` whose operands include the stacks
         its blocks touch (`carried`, the pc stack as `PC`)."""
-        stacks = {s: state.stacks[s] for s in carried if s != PC}
-        if PC in carried:
-            stacks[PC] = state.pc_stack
-        lane_state = {"pc": state.pc, "regs": {v: state.regs[v] for v in self.small},
-                      "sps": state.sps, **({"pc_sp": state.pc_sp} if state.pc_sp is not None else {})}
-        lane_state, stacks = lax.switch(index, branches, lane_state, stacks)
-        pc_stack = stacks.pop(PC) if PC in stacks else state.pc_stack
+        stacks = {s: state.pc_stack if s == PC else state.stacks[s] for s in carried}
+        return self._after_switch(state, *lax.switch(index, branches, self._lane_state(state), stacks))
+
+    def _lane_state(self, state: MachineState) -> dict[str, Any]:
+        """What the switch's branches read and return besides the stacks: pcs, small registers, pointers."""
+        return {"pc": state.pc, "regs": {v: state.regs[v] for v in self.small},
+                "sps": state.sps, **({"pc_sp": state.pc_sp} if state.pc_sp is not None else {})}
+
+    def _after_switch(self, state: MachineState, lane_state: dict[str, Any], stacks: dict[str, Any]) -> MachineState:
+        """`state` with the switch's `lane_state` and the `stacks` it updated (the pc stack as `PC`)."""
+        stacks = dict(stacks)
+        pc_stack = stacks.pop(PC, state.pc_stack)
         return state._replace(pc=lane_state["pc"], regs={**state.regs, **lane_state["regs"]}, sps=lane_state["sps"],
                               pc_sp=lane_state.get("pc_sp", state.pc_sp), pc_stack=pc_stack,
                               stacks={**state.stacks, **stacks})
@@ -406,9 +414,7 @@ class Machine:
         writes its pushes itself."""
         run = self.block_fn(b, consts, inv)
         _, _, popped, pushed = self._footprint(b)
-        term = self.prog.blocks[b].term
-        pc_read = isinstance(term, Return) and self.prog.has_calls
-        pc_write = isinstance(term, PushJump)
+        pc_read, pc_write = self._pc_use(b)
 
         def branch(lane_state, stacks):
             sps = {**self.layout.pointers(lane_state["sps"]), **({PC: lane_state["pc_sp"]} if pc_read else {})}
@@ -426,8 +432,7 @@ class Machine:
         stacks = dict(state.stacks)
         if self.prog.has_calls:
             stacks[PC] = state.pc_stack
-        lane_state = {"pc": state.pc, "regs": {v: state.regs[v] for v in self.small},
-                      "sps": state.sps, **({"pc_sp": state.pc_sp} if state.pc_sp is not None else {})}
+        lane_state = self._lane_state(state)
         # Only the tops go into the switch (with one lane XLA runs this form faster).
         sps = {**self.layout.pointers(lane_state["sps"]), **({PC: lane_state["pc_sp"]} if PC in stacks else {})}
         lane_state, writes = lax.switch(index, branches, lane_state, self._tops(stacks, sps, popped))
@@ -435,9 +440,7 @@ class Machine:
             # Under a cond on the blocks that push: XLA then updates in place
             # (unconditionally, it copies the stack every step).
             stacks[v] = lax.cond(block_in(block, writers[v]), self._write, lambda a, r, x: a, stacks[v], row, value)
-        pc_stack = stacks.pop(PC) if self.prog.has_calls else state.pc_stack
-        return state._replace(pc=lane_state["pc"], regs={**state.regs, **lane_state["regs"]}, sps=lane_state["sps"],
-                              pc_sp=lane_state.get("pc_sp", state.pc_sp), pc_stack=pc_stack, stacks=stacks)
+        return self._after_switch(state, lane_state, stacks)
 
     def _light_branch(self, b: int, consts: dict[str, Any], inv: dict[str, Any], writers: dict[str, list[int]]):
         run = self.block_fn(b, consts, inv)

@@ -15,6 +15,16 @@ import numpy as np
 from pcbatch.errors import OptionError
 
 
+# The options that take True, False or None (chosen when the machine is built, by the hint's measure).
+_CHOSEN_WHEN_NONE = {"masked_follow": "backend", "carry_stacks": "the number of lanes and the backend",
+                     "masked_pool_updates": "backend"}
+
+
+def _on_accelerator() -> bool:
+    """Whether JAX's default backend is an accelerator (XLA:GPU waits on the host for each `lax.cond`)."""
+    return jax.default_backend() != "cpu"
+
+
 @dataclass(frozen=True)
 class Tuning:
     """How the machine is built (defaults measured by `benchmarks/`).
@@ -108,20 +118,15 @@ class Tuning:
     masked_pool_updates: bool | None = None
 
     def __post_init__(self) -> None:
-        if not (self.masked_follow is None or isinstance(self.masked_follow, bool)):
-            raise OptionError("tuning.masked_follow", f"must be True, False or None, got {self.masked_follow!r}",
-                              "None (the default) chooses by backend.")
-        if not (self.carry_stacks is None or isinstance(self.carry_stacks, bool)):
-            raise OptionError("tuning.carry_stacks", f"must be True, False or None, got {self.carry_stacks!r}",
-                              "None (the default) chooses by the number of lanes.")
-        if not (self.masked_pool_updates is None or isinstance(self.masked_pool_updates, bool)):
-            raise OptionError("tuning.masked_pool_updates",
-                              f"must be True, False or None, got {self.masked_pool_updates!r}",
-                              "None (the default) chooses by backend.")
+        for name, hint in _CHOSEN_WHEN_NONE.items():
+            value = getattr(self, name)
+            if not (value is None or isinstance(value, bool)):
+                raise OptionError(f"tuning.{name}", f"must be True, False or None, got {value!r}",
+                                  f"None (the default) chooses by {hint}.")
         if not isinstance(self.cpu_xla_options, bool):
             raise OptionError("tuning.cpu_xla_options", f"must be True or False, got {self.cpu_xla_options!r}")
         for f in fields(self):
-            if f.name in ("masked_follow", "cpu_xla_options", "carry_stacks", "masked_pool_updates"):
+            if f.name in _CHOSEN_WHEN_NONE or f.name == "cpu_xla_options":
                 continue
             value = getattr(self, f.name)
             low = -1 if f.name == "switch_max_leaves" else 0
@@ -138,26 +143,20 @@ class Tuning:
 
     def follow_masked(self) -> bool:
         """Whether follow blocks run masked (`masked_follow`, None resolved by backend)."""
-        if self.masked_follow is None:
-            return jax.default_backend() != "cpu"
-        return self.masked_follow
+        return _on_accelerator() if self.masked_follow is None else self.masked_follow
 
     def pool_updates_masked(self) -> bool:
         """Whether the pool's updates run masked (`masked_pool_updates`, None resolved by backend)."""
-        if self.masked_pool_updates is None:
-            return jax.default_backend() != "cpu"
-        return self.masked_pool_updates
+        return _on_accelerator() if self.masked_pool_updates is None else self.masked_pool_updates
 
     def switch_carries_stacks(self, lanes: int) -> bool:
         """Whether a machine of `lanes` lanes passes stacks through its switch (`carry_stacks`)."""
-        if self.carry_stacks is None:
-            return lanes > 1 or jax.default_backend() != "cpu"
-        return self.carry_stacks
+        return (lanes > 1 or _on_accelerator()) if self.carry_stacks is None else self.carry_stacks
 
     def compiler_options(self) -> dict[str, str | bool]:
         """XLA options for the `jax.jit` of pcbatch's own calls (`cpu_xla_options`);
         pass them to your own `jax.jit` around autobatched calls for the same code."""
-        if self.cpu_xla_options and jax.default_backend() == "cpu":
+        if self.cpu_xla_options and not _on_accelerator():
             return {"xla_disable_hlo_passes": "tree_reduction_rewriter",
                     "xla_cpu_copy_insertion_use_region_analysis": True}
         return {}
