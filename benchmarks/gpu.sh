@@ -8,6 +8,8 @@
 # ran out of time before their last targets. Drop parts rather than raise the budget
 # past the lease: a session has 15 minutes of device time, starts included.)
 #
+#     PARTS="smoke pool_masked treelstm" bash benchmarks/gpu.sh 300   # only these parts
+#
 # Each part writes $OUT/NAME.log (or /tmp/pcbatch-gpu/NAME.log) and prints its tail;
 # a part that fails or runs out of time does not stop the next. BlackJAX is used if
 # importable (carry its wheel: benchmarks/README.md, "On a GPU").
@@ -26,6 +28,7 @@ py=${PYTHON:-python3}
 
 part() {   # part NAME MAX_SECONDS COMMAND...: run with the smaller of its limit and the time left
     local name=$1 limit=$2; shift 2
+    [[ -z "${PARTS:-}" || $name == smoke || " $PARTS " == *" $name "* ]] || return 0   # the smoke check always runs
     local left=$(( budget - ($(date +%s) - start) ))
     (( left < limit )) && limit=$left
     if (( limit < 15 )); then echo "== $name: skipped (no time left)"; return; fi
@@ -40,16 +43,22 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 part smoke 120 "$py" -m benchmarks.gpu_smoke
 [ -s "$out/smoke.log" ] && grep -q "smoke ok" "$out/smoke.log" || { echo "smoke failed: stopping"; exit 1; }
 
+# the fork-join pool's updates under conditionals (the CPU's way) against masked (the GPU's default)
+part pool_masked 60 "$py" -m benchmarks.pool_masked --repeats 5
+part treelstm 50 "$py" -m benchmarks.treelstm --batches 64 --hiddens 64 --repeats 3
+# the natural loop-recursive Child-Sum Tree-LSTM on stdlib ASTs (issue 19) against the depth-batched peer
+part treelstm_ast 90 "$py" -m benchmarks.treelstm_ast --batches 64,256 --hiddens 64 --max-nodes 64 --repeats 3
+# generated against hand-written machines at batch 1024 (issue 17.4)
+part vm_overhead 60 "$py" -m benchmarks.vm_overhead --quick --skip-compile --skip-hlo
+part step_hlo 50 "$py" -m benchmarks.step_hlo
 # the default (on a GPU: every block masked where gradients are cheap) against GradientLast with
 # masked follow blocks (`last`) and with each follow block under a lax.cond (`conds`, the CPU's way)
 part nuts_gaussian 150 "$py" -m benchmarks.nuts --targets gaussian,logistic --chains 1,16,128 --peers blackjax --variants last,conds --repeats 3 --figure ''
 part nuts_cheap 150 "$py" -m benchmarks.nuts --targets student_t,eight_schools,funnel,funnel_centered --chains 16,128 --peers blackjax --repeats 3 --figure ''
 # XLA's command buffers for loops and conditionals (CUDA graphs)
 part nuts_cmdbuf 60 env XLA_FLAGS=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL "$py" -m benchmarks.nuts --targets gaussian --chains 128 --peers blackjax --repeats 3 --figure ''
-part step_hlo 50 "$py" -m benchmarks.step_hlo
-# the fork-join pool's updates under conditionals (the CPU's way) against masked (the GPU's default)
-part pool_masked 60 "$py" -m benchmarks.pool_masked --repeats 5
-part treelstm 50 "$py" -m benchmarks.treelstm --batches 64 --hiddens 64 --repeats 3
+# the targets the third run's deadline cut (the centered funnel has not run on a GPU yet)
+part nuts_cut 90 "$py" -m benchmarks.nuts --targets student_t,funnel_centered --chains 16,128 --peers blackjax --repeats 3 --figure ''
 # what time is left: is pcbatch right on the GPU too? (-n 0: xdist workers crashed on the GPU)
 part tests 90 env JAX_PLATFORMS=cuda XLA_FLAGS= "$py" -m pytest -q -x -p no:cacheprovider -n 0 tests/fuzz/test_fuzz_follow.py tests/fuzz/test_fuzz_forked.py tests/core/test_api.py
 echo "== done in $(( $(date +%s) - start ))s"
