@@ -40,6 +40,7 @@ baseline its residuals (every level's activations) and their gradients.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import os
@@ -106,7 +107,9 @@ def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, varia
                            "temp": {"depth": temp_mib(depth_step, params, packed, root, dev_labels, levels.widths,
                                                        n_rows)}, "tape": {}, "errors": {}}
     models = {"fork": tc.encoder, "defaults": nary.nary_tree_lstm,
-              "nofork": tc.encoder.with_options(fork=False, max_stack_depth=64, tape_size=128)}
+              "nofork": tc.encoder.with_options(fork=False, max_stack_depth=64, tape_size=128),
+              "gradconds": tc.encoder.with_options(tuning=dataclasses.replace(tc.encoder.tuning, grad_switch=False)),
+              "gradswitch": tc.encoder.with_options(tuning=dataclasses.replace(tc.encoder.tuning, grad_switch=True))}
     for key in variants:
         model = models[key]
         step = jit(jax.value_and_grad(tc.loss), static_argnums=(3,))
@@ -135,7 +138,8 @@ def measure(batch: int, hidden: int, trees: data.Tree, labels: np.ndarray, varia
     return row
 
 
-LABELS = {"fork": "fork-join", "defaults": "defaults (fork='auto')", "nofork": "fork=False"}
+LABELS = {"fork": "fork-join", "defaults": "defaults (fork='auto')", "nofork": "fork=False",
+          "gradconds": "fork-join, grad conds", "gradswitch": "fork-join, grad switch"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,11 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--xla-options", action="store_true",
                     help="compile every step, the peer's too, with pcbatch's own XLA options "
                          "(`pcbatch.Tuning().compiler_options()`: on the CPU, no tree-reduction rewrite)")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated, of " + ", ".join(LABELS) + " (default fork,defaults,nofork; --quick fork); "
+                         "gradconds / gradswitch: fork-join with Tuning.grad_switch False / True")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time each loss alone: where a step's time goes (forward, backward)")
     a = ap.parse_args(argv)
     batches = [int(b) for b in (a.batches or ("32" if a.quick else "32,64,128")).split(",")]
-    variants = ["fork"] if a.quick else ["fork", "defaults", "nofork"]
+    variants = a.variants.split(",") if a.variants else ["fork"] if a.quick else ["fork", "defaults", "nofork"]
+    if set(variants) - set(LABELS):
+        ap.error(f"unknown variants {sorted(set(variants) - set(LABELS))}; known: {', '.join(LABELS)}")
     repeats = a.repeats or (3 if a.quick else 5)
     min_time = a.min_time if a.min_time is not None else (0.5 if a.quick else 1.0)
     print(f"# benchmarks.treelstm_train  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.node()}  "

@@ -137,6 +137,7 @@ class PoolMachine:
         self.lanes = max(config.max_lanes or num_examples, num_examples)
         self.width = min(config.lane_width or self.lanes, self.lanes)
         self.widths = config.tuning.widths(self.width)  # narrower copies of every block
+        self.tuning = config.tuning
         self.masked = config.tuning.pool_updates_masked()
         self.depth = config.max_stack_depth
         self.max_steps = config.max_steps

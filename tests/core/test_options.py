@@ -59,7 +59,7 @@ def test_unknown_option_names_the_closest():
 @pytest.mark.parametrize("bad", [dict(max_widths=0), dict(min_width=-1), dict(switch_max_leaves=-2),
                                  dict(min_lane_width=4096), dict(large_register_bytes=1.5),
                                  dict(masked_follow=1), dict(masked_follow="auto"), dict(carry_stacks=0),
-                                 dict(masked_pool_updates="yes")])
+                                 dict(masked_pool_updates="yes"), dict(grad_switch=1)])
 def test_bad_tuning_is_a_named_error(bad):
     with pytest.raises(pcbatch.OptionError, match="tuning"):
         pcbatch.Tuning(**bad)
@@ -76,6 +76,16 @@ def test_masked_pool_updates_resolve_by_backend():
     import jax
     assert pcbatch.Tuning().pool_updates_masked() == (jax.default_backend() != "cpu")
     assert pcbatch.Tuning(masked_pool_updates=True).pool_updates_masked() is True
+
+
+def test_grad_switch_resolves_by_backend(monkeypatch):
+    import jax
+    assert pcbatch.Tuning(grad_switch=True).grad_switched() is True
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    assert pcbatch.Tuning().grad_switched() is False
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert pcbatch.Tuning().grad_switched() is True
+    assert pcbatch.Tuning(grad_switch=False).grad_switched() is False
 
 
 def test_carry_stacks_resolves_by_lanes_and_backend(monkeypatch):

@@ -10,6 +10,10 @@ input. Cases whose Python result or derivative is not finite (a division by
 zero, `sqrt` of a negative) and cases with tight `max_steps` /
 `max_stack_depth` limits are skipped: there the derivative is NaN by design.
 
+`test_fuzz_grad_switched` runs its programs with `Tuning(grad_switch=True)`
+(one `lax.switch` a step in the recorder and the backward, the accelerators'
+default) on the CPU.
+
 `test_fuzz_grad_programs` runs `PCBATCH_FUZZ_GRAD_EXAMPLES` programs (default
 2) in `make test`; `test_fuzz_grad_long` (marked slow) runs that variable's
 count (default 300) under `make fuzz`. A gradient compiles a recording and a
@@ -17,6 +21,7 @@ backward machine per program, hence the modest counts.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -45,14 +50,17 @@ def _close(got, want, what: str, case: FuzzCase) -> None:
                                  + case.describe())
 
 
-def check_case_grad(case: FuzzCase) -> bool:
-    """Whether the case was checked (False: skipped, see the module docstring)."""
+def check_case_grad(case: FuzzCase, grad_switch: bool | None = None) -> bool:
+    """Whether the case was checked (False: skipped, see the module docstring);
+    `grad_switch`: `Tuning.grad_switch` (None: the backend's default)."""
     floats = [k for k, x in enumerate(case.inputs) if np.issubdtype(np.asarray(x).dtype, np.floating)]
     if case.limits or not floats or not all(np.ndim(x) == 0 or len(x) for x in case.inputs):
         return False
     module = _load(case.source)
     try:
         fn = configured(getattr(module, case.entry), case)
+        if grad_switch is not None:
+            fn = fn.with_options(tuning=dataclasses.replace(fn.tuning, grad_switch=grad_switch))
         inputs = tuple(jnp.asarray(x) for x in case.inputs)
         ref_loss = _loss(fn.reference)
         value = ref_loss(*inputs)
@@ -91,7 +99,7 @@ def check_case_grad(case: FuzzCase) -> bool:
         _unload(module)
 
 
-def _run(n: int, max_stmts: int) -> tuple[int, int]:
+def _run(n: int, max_stmts: int, grad_switch: bool | None = None) -> tuple[int, int]:
     count = [0, 0]
     options = dict(max_examples=n, database=None, report_multiple_bugs=False,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -99,7 +107,7 @@ def _run(n: int, max_stmts: int) -> tuple[int, int]:
 
     def prop(case: FuzzCase) -> None:
         count[0] += 1
-        count[1] += check_case_grad(case)
+        count[1] += check_case_grad(case, grad_switch)
         if count[0] % 100 == 0:
             jax.clear_caches()
 
@@ -116,6 +124,22 @@ def test_fuzz_grad_programs():
     ran, checked = _run(n, SMALL)
     print(f"fuzz grad: {ran} programs, {checked} differentiated", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
+
+
+def test_fuzz_grad_switched():
+    n = _examples(2)
+    ran, checked = _run(n, SMALL, grad_switch=True)
+    print(f"fuzz grad, one switch a step: {ran} programs, {checked} differentiated", file=sys.stderr)
+    assert ran >= n, f"only {ran} of {n} generated programs ran"
+
+
+@pytest.mark.slow
+def test_fuzz_grad_switched_long():
+    n = _examples(300)
+    ran, checked = _run(n, LARGE, grad_switch=True)
+    print(f"fuzz grad, one switch a step: {ran} programs, {checked} differentiated", file=sys.stderr)
+    assert ran >= n, f"only {ran} of {n} generated programs ran"
+    assert checked >= n // 4, f"only {checked} of {ran} programs had a finite float derivative to check"
 
 
 @pytest.mark.slow

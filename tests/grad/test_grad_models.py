@@ -41,6 +41,28 @@ def test_child_sum_calls_inside_if():
     check_vjp(child_sum.child_sum_tree_lstm, args(child_sum), positions=(0,))
 
 
+@pytest.mark.parametrize("fork", [True, False])
+def test_one_switch_a_step(fork):
+    """`Tuning(grad_switch=True)` (accelerators' default): the recorder and the
+    backward pick a step's block with one `lax.switch`, not a `lax.cond` each."""
+    f = nary.nary_tree_lstm.with_options(fork=fork, lane_width=16, tuning=pcbatch.Tuning(grad_switch=True))
+    check_vjp(f, args(nary), positions=(0,), seed=5)
+
+
+def test_one_switch_a_step_leaves_one_conditional():
+    """The recorder's per-block conditionals go (its writes are masked) and the
+    backward's become one switch: of the gradient pass's 2 x (recorded blocks)
+    conditionals, one stays."""
+    params, trees, root = args(nary)
+    counts = {}
+    for switched in (False, True):
+        f = nary.nary_tree_lstm.with_options(lane_width=16, tuning=pcbatch.Tuning(grad_switch=switched))
+        step = jax.jit(jax.grad(lambda p: f(p, trees, root)[0].sum()))
+        counts[switched] = step.lower(params).compile().as_text().count(" conditional(")
+    recorded = 4  # the leaf's cell, the join's, and the sequential fallback's push of h, c and its cell
+    assert counts[False] - counts[True] == 2 * recorded - 1, counts
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_lane_exhaustion(masked):
     """A pool of 8 lanes for 5 trees: a few forks get lanes, the others run

@@ -178,11 +178,17 @@ class Backward:
         steps = [self.block_step(g, consts, inv) for g in p.blocks]
         rows_all = tape.rows
 
+        dense = jnp.asarray(p.dense)
+
         def body(state):
             t = state["t"] - 1
             block, n = tape.log_block[t], tape.log_count[t]
             start = state["cursor"][block] - n
             state = {**state, "t": t, "cursor": state["cursor"].at[block].set(start)}
+            if p.switched and len(steps) > 1:  # the log holds recorded blocks only
+                return lax.switch(dense[block], [lambda s, r, a, m, k=k, go=go: go(s, r[k], a, m)
+                                                 for k, go in enumerate(steps)],
+                                  state, [rows_all[g.index] for g in p.blocks], start, n)
             for g, go in zip(p.blocks, steps):
                 state = lax.cond(block == g.index, lambda s, r, a, m, go=go: go(s, r, a, m),
                                  lambda s, r, a, m: s, state, rows_all[g.index], start, n)

@@ -45,10 +45,13 @@ class Recorder:
             own, example = None, ids
             sp = {s: x.at[ids].get(mode="fill", fill_value=0) for s, x in p.layout.pointers(pre.sps).items()}
 
-        def write(g: BlockGrad, w: int):
-            """Block g's rows for the first `w` lanes (a width bucket >= n)."""
+        def write(g: BlockGrad, w: int, on: jax.Array | None = None):
+            """Block g's rows for the first `w` lanes (a width bucket >= n). With
+            `on` (masked: every block every step), where it is False the rows go
+            to the tape's overflow rows, never read, and the writer's are dropped."""
             def go(rows, writer):
                 lanes, ex = ids[:w], example[:w]
+                at = start if on is None else jnp.where(on, start, p.capacity)
                 row: dict[str, Any] = {"lane": lanes, "example": ex,
                                        "reg": {v: gather_rows(pre.regs[v], lanes) for v in g.reg_in}}
                 slot = {s: jnp.maximum(sp[s][:w] - 1, 0) for s in g.reads}
@@ -62,27 +65,34 @@ class Recorder:
                     row["joined"] = tuple(gather_rows(pre.regs[r], kids[:, k]) for k, r in enumerate(g.join.rets))
                 rows = dict(rows)
                 for k, x in row.items():
-                    rows[k] = tree_map(lambda a, x: lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), start, 0),
+                    rows[k] = tree_map(lambda a, x: lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), at, 0),
                                        rows[k], x)
                 writer = dict(writer)
                 for s in g.writes:
                     if s in p.float_stacks:
                         event = p.event_base[s, g.index] + start + jnp.arange(w, dtype=ids.dtype)
-                        writer[s] = writer[s].at[sp[s][:w] + g.offsets[s][1], lanes].set(event, mode="drop")
+                        to = lanes if on is None else jnp.where(on, lanes, p.lanes)
+                        writer[s] = writer[s].at[sp[s][:w] + g.offsets[s][1], to].set(event, mode="drop")
                 return rows, writer
             return go
 
         widths = jnp.asarray(p.widths)
         which = jnp.minimum(jnp.searchsorted(widths, n), len(p.widths) - 1)
 
-        def bucketed(g: BlockGrad):
-            writes = [write(g, w) for w in p.widths]
+        def bucketed(g: BlockGrad, on: jax.Array | None = None):
+            writes = [write(g, w, on) for w in p.widths]
             return lambda r, wr: lax.switch(which, writes, r, wr) if len(writes) > 1 else writes[0](r, wr)
 
         rows, writer = dict(tape.rows), tape.writer
         dep = jnp.zeros((), ids.dtype)  # depends on every read below (see `while_loop_recorded`)
         for g in p.blocks:
-            rows[g.index], writer = lax.cond(block == g.index, bucketed(g), lambda r, w: (r, w), rows[g.index], writer)
+            if p.switched:  # masked, no conditional (see `Tuning.grad_switch`)
+                rows[g.index], writer = bucketed(g, block == g.index)(rows[g.index], writer)
+                for x in tree_util.tree_leaves(rows[g.index]):  # every read, not only the lanes' (a cond ties them)
+                    dep = dep | (x.reshape(-1)[0] != 0).astype(dep.dtype)
+            else:
+                rows[g.index], writer = lax.cond(block == g.index, bucketed(g), lambda r, w: (r, w),
+                                                 rows[g.index], writer)
             dep = dep | (rows[g.index]["lane"][0] & 0x40000000) | (ids[0] & 0x40000000)
         for w in writer.values():
             dep = dep | (w[0, 0] & 0x40000000)
