@@ -123,38 +123,54 @@ class Backward:
 
         return run
 
-    def block_step(self, g: BlockGrad, consts: dict[str, Any], inv: dict[str, Any]):
-        """Applies block `g`'s VJP on its rows to the cotangent state."""
+    def block_out(self, g: BlockGrad, consts: dict[str, Any], inv: dict[str, Any]):
+        """Block `g`'s VJP on its rows (at the narrowest width bucket that holds
+        them): the updates `apply` makes, computed without touching the state."""
         p = self.plan
         runs = [self.block_vjp(g, consts, inv, w) for w in p.widths]
         widths = jnp.asarray(p.widths)
 
-        def go(state: dict[str, Any], rows_all: dict[str, Any], start: jax.Array, n: jax.Array) -> dict[str, Any]:
+        def go(cot: dict[str, Any], acc: dict[str, Any], rows_all: dict[str, Any], start: jax.Array,
+               n: jax.Array) -> dict[str, Any]:
             which = jnp.minimum(jnp.searchsorted(widths, n), len(runs) - 1)
-            out = lax.switch(which, runs, rows_all, state["cot"], state["acc"], start, n)
-            cot, acc = dict(state["cot"]), dict(state["acc"])
-            lane = out["lane"]
-            for v, rows in out["regs"].items():
-                cot[v] = [c.at[lane].set(r, mode="drop") for c, r in zip(cot[v], rows)]
-            if "spawned" in out:  # the spawned lanes held someone else's values before
-                cot = {v: [c.at[out["spawned"]].set(0, mode="drop") for c in cs] for v, cs in cot.items()}
-            for (kid, vals), r in zip(out.get("join", []), g.join.rets if g.join is not None else ()):
-                if r in cot:
-                    cot[r] = [c.at[kid].add(x.astype(c.dtype), mode="drop") for c, x in zip(cot[r], vals)]
-            for s, (ids, vals) in out["acc"].items():
-                acc[s] = [a.at[ids].add(x.astype(a.dtype), mode="drop") for a, x in zip(acc[s], vals)]
-            ct_inv, ct_const = dict(state["inv"]), dict(state["const"])
-            for v, (ex, vals) in out["inv"].items():
-                ct_inv[v] = [a.at[ex].add(x.astype(a.dtype), mode="drop") for a, x in zip(ct_inv[v], vals)]
-            for v, vals in out["const"].items():
-                ct_const[v] = [a + x.astype(a.dtype) for a, x in zip(ct_const[v], vals)]
-            used_inv = {**state["used_inv"], **{v: state["used_inv"][v].at[out["ex"]].set(True, mode="drop")
-                                                 for v in g.inv_in}}
-            used_const = {**state["used_const"], **{v: jnp.ones((), bool) for v in g.const_in}}
-            return {**state, "cot": cot, "acc": acc, "inv": ct_inv, "const": ct_const, "used_inv": used_inv,
-                    "used_const": used_const}
+            return lax.switch(which, runs, rows_all, cot, acc, start, n) if len(runs) > 1 else \
+                runs[0](rows_all, cot, acc, start, n)
 
         return go
+
+    def apply(self, g: BlockGrad, state: dict[str, Any], out: dict[str, Any], on: jax.Array) -> dict[str, Any]:
+        """Block `g`'s updates to the cotangent state, where `on` (else each
+        index points past its array and every scatter drops its rows): the
+        scatters run outside any conditional, in place, as XLA's copy insertion
+        without region analysis (a caller's own `jax.jit`) leaves them."""
+        p = self.plan
+        M, B = p.lanes, p.examples
+        cot, acc = dict(state["cot"]), dict(state["acc"])
+        lane = jnp.where(on, out["lane"], M)
+        for v, rows in out["regs"].items():
+            cot[v] = [c.at[lane].set(r, mode="drop") for c, r in zip(cot[v], rows)]
+        if "spawned" in out:  # the spawned lanes held someone else's values before
+            spawned = jnp.where(on, out["spawned"], M)
+            cot = {v: [c.at[spawned].set(0, mode="drop") for c in cs] for v, cs in cot.items()}
+        for (kid, vals), r in zip(out.get("join", []), g.join.rets if g.join is not None else ()):
+            if r in cot:
+                kid = jnp.where(on, kid, M)
+                cot[r] = [c.at[kid].add(x.astype(c.dtype), mode="drop") for c, x in zip(cot[r], vals)]
+        for s, (ids, vals) in out["acc"].items():
+            ids = jnp.where(on, ids, p.events[s])
+            acc[s] = [a.at[ids].add(x.astype(a.dtype), mode="drop") for a, x in zip(acc[s], vals)]
+        ct_inv, ct_const = dict(state["inv"]), dict(state["const"])
+        ex = jnp.where(on, out["ex"], B)
+        for v, (ex_v, vals) in out["inv"].items():
+            ex_v = jnp.where(on, ex_v, B)
+            ct_inv[v] = [a.at[ex_v].add(x.astype(a.dtype), mode="drop") for a, x in zip(ct_inv[v], vals)]
+        for v, vals in out["const"].items():
+            ct_const[v] = [a + jnp.where(on, x.astype(a.dtype), 0) for a, x in zip(ct_const[v], vals)]
+        used_inv = {**state["used_inv"], **{v: state["used_inv"][v].at[ex].set(True, mode="drop")
+                                             for v in g.inv_in}}
+        used_const = {**state["used_const"], **{v: state["used_const"][v] | on for v in g.const_in}}
+        return {**state, "cot": cot, "acc": acc, "inv": ct_inv, "const": ct_const, "used_inv": used_inv,
+                "used_const": used_const}
 
     def run(self, consts: dict[str, Any], inv: dict[str, Any], tape: dict[str, Any], ct_result: list):
         """Cotangents `(constants, invariants [examples], entry registers
@@ -175,23 +191,38 @@ class Backward:
             "used_inv": {v: jnp.zeros((B,), bool) for v in inv},
             "used_const": {v: jnp.zeros((), bool) for v in consts},
         }
-        steps = [self.block_step(g, consts, inv) for g in p.blocks]
+        outs = [self.block_out(g, consts, inv) for g in p.blocks]
         rows_all = tape.rows
-
         dense = jnp.asarray(p.dense)
+        shapes = None
+
+        def nothing(k: int) -> dict[str, Any]:  # block k's updates where it did not run (`apply` drops them)
+            return tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[k])
 
         def body(state):
+            nonlocal shapes
             t = state["t"] - 1
             block, n = tape.log_block[t], tape.log_count[t]
             start = state["cursor"][block] - n
             state = {**state, "t": t, "cursor": state["cursor"].at[block].set(start)}
-            if p.switched and len(steps) > 1:  # the log holds recorded blocks only
-                return lax.switch(dense[block], [lambda s, r, a, m, k=k, go=go: go(s, r[k], a, m)
-                                                 for k, go in enumerate(steps)],
-                                  state, [rows_all[g.index] for g in p.blocks], start, n)
-            for g, go in zip(p.blocks, steps):
-                state = lax.cond(block == g.index, lambda s, r, a, m, go=go: go(s, r, a, m),
-                                 lambda s, r, a, m: s, state, rows_all[g.index], start, n)
+            args = (state["cot"], state["acc"])
+            if shapes is None:
+                shapes = [jax.eval_shape(go, *args, rows_all[g.index], start, n) for g, go in zip(p.blocks, outs)]
+            if p.switched and len(outs) > 1:  # one switch; every block's updates, all but one dropped
+                def only(k: int):
+                    return lambda c, a, r, s0, m: [outs[k](c, a, r[k], s0, m) if j == k else nothing(j)
+                                                   for j in range(len(outs))]
+                got = lax.switch(dense[block], [only(k) for k in range(len(outs))], *args,
+                                 [rows_all[g.index] for g in p.blocks], start, n)
+                for g, out in zip(p.blocks, got):
+                    state = self.apply(g, state, out, block == g.index)
+                return state
+            for k, (g, go) in enumerate(zip(p.blocks, outs)):
+                # Each cond reads the state the previous block's updates left (no-ops but one): were they
+                # all to read the step's first state, XLA would copy it for the reads after a scatter.
+                out = lax.cond(block == g.index, go, lambda c, a, r, s0, m, k=k: nothing(k), state["cot"],
+                               state["acc"], rows_all[g.index], start, n)
+                state = self.apply(g, state, out, block == g.index)
             return state
 
         final = lax.while_loop(lambda s: s["t"] > 0, body, state)
