@@ -57,6 +57,13 @@ example for invariants. For step t, block b and its n taped rows:
    added into the registers and stack events it read, the children's return
    registers (Join), the invariants' example rows and the constants' sums.
 
+Steps 1-3 compute b's updates under the step's conditional (a `lax.cond`
+per block, or one `lax.switch` with `Tuning.grad_switch`); the scatters that
+apply them run after it, with every index pointed past its array for the
+blocks that did not run. Scattered inside a branch, the cotangent registers
+were copied every step unless XLA's copy insertion used region analysis,
+which a caller's own `jax.jit` does not.
+
 Rows are processed in width buckets (like the lane pool's); padding rows copy
 row 0's inputs and get zero cotangents, so junk data never reaches a VJP
 (no NaN from `sqrt(0)` or `1/0` of an idle lane). Lowering hoists constants
