@@ -125,16 +125,22 @@ class Backward:
 
     def block_out(self, g: BlockGrad, consts: dict[str, Any], inv: dict[str, Any]):
         """Block `g`'s VJP on its rows (at the narrowest width bucket that holds
-        them): the updates `apply` makes, computed without touching the state."""
+        them): the updates `apply` makes, computed without touching the
+        state, and the constants' sums with its share added (small: inside
+        the branch XLA adds the VJP's scatter into them in place, where
+        returned apart each step would carry a dense zero table)."""
         p = self.plan
         runs = [self.block_vjp(g, consts, inv, w) for w in p.widths]
         widths = jnp.asarray(p.widths)
 
-        def go(cot: dict[str, Any], acc: dict[str, Any], rows_all: dict[str, Any], start: jax.Array,
-               n: jax.Array) -> dict[str, Any]:
+        def go(cot: dict[str, Any], acc: dict[str, Any], sums: dict[str, Any], rows_all: dict[str, Any],
+               start: jax.Array, n: jax.Array) -> tuple[dict[str, Any], dict[str, Any]]:
             which = jnp.minimum(jnp.searchsorted(widths, n), len(runs) - 1)
-            return lax.switch(which, runs, rows_all, cot, acc, start, n) if len(runs) > 1 else \
+            out = lax.switch(which, runs, rows_all, cot, acc, start, n) if len(runs) > 1 else \
                 runs[0](rows_all, cot, acc, start, n)
+            out = dict(out)
+            added = out.pop("const")
+            return out, {**sums, **{v: [a + x.astype(a.dtype) for a, x in zip(sums[v], xs)] for v, xs in added.items()}}
 
         return go
 
@@ -159,18 +165,15 @@ class Backward:
         for s, (ids, vals) in out["acc"].items():
             ids = jnp.where(on, ids, p.events[s])
             acc[s] = [a.at[ids].add(x.astype(a.dtype), mode="drop") for a, x in zip(acc[s], vals)]
-        ct_inv, ct_const = dict(state["inv"]), dict(state["const"])
+        ct_inv = dict(state["inv"])
         ex = jnp.where(on, out["ex"], B)
         for v, (ex_v, vals) in out["inv"].items():
             ex_v = jnp.where(on, ex_v, B)
             ct_inv[v] = [a.at[ex_v].add(x.astype(a.dtype), mode="drop") for a, x in zip(ct_inv[v], vals)]
-        for v, vals in out["const"].items():
-            ct_const[v] = [a + jnp.where(on, x.astype(a.dtype), 0) for a, x in zip(ct_const[v], vals)]
         used_inv = {**state["used_inv"], **{v: state["used_inv"][v].at[ex].set(True, mode="drop")
                                              for v in g.inv_in}}
         used_const = {**state["used_const"], **{v: state["used_const"][v] | on for v in g.const_in}}
-        return {**state, "cot": cot, "acc": acc, "inv": ct_inv, "const": ct_const, "used_inv": used_inv,
-                "used_const": used_const}
+        return {**state, "cot": cot, "acc": acc, "inv": ct_inv, "used_inv": used_inv, "used_const": used_const}
 
     def run(self, consts: dict[str, Any], inv: dict[str, Any], tape: dict[str, Any], ct_result: list):
         """Cotangents `(constants, invariants [examples], entry registers
@@ -196,8 +199,9 @@ class Backward:
         dense = jnp.asarray(p.dense)
         shapes = None
 
-        def nothing(k: int) -> dict[str, Any]:  # block k's updates where it did not run (`apply` drops them)
-            return tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[k])
+        def nothing(k: int, sums: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+            """Block k's updates where it did not run (`apply` drops them)."""
+            return tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[k]), sums
 
         def body(state):
             nonlocal shapes
@@ -205,24 +209,27 @@ class Backward:
             block, n = tape.log_block[t], tape.log_count[t]
             start = state["cursor"][block] - n
             state = {**state, "t": t, "cursor": state["cursor"].at[block].set(start)}
-            args = (state["cot"], state["acc"])
             if shapes is None:
-                shapes = [jax.eval_shape(go, *args, rows_all[g.index], start, n) for g, go in zip(p.blocks, outs)]
+                shapes = [jax.eval_shape(go, state["cot"], state["acc"], state["const"], rows_all[g.index], start,
+                                         n)[0] for g, go in zip(p.blocks, outs)]
             if p.switched and len(outs) > 1:  # one switch; every block's updates, all but one dropped
                 def only(k: int):
-                    return lambda c, a, r, s0, m: [outs[k](c, a, r[k], s0, m) if j == k else nothing(j)
-                                                   for j in range(len(outs))]
-                got = lax.switch(dense[block], [only(k) for k in range(len(outs))], *args,
-                                 [rows_all[g.index] for g in p.blocks], start, n)
+                    def branch(c, a, sums, r, s0, m):
+                        got, sums = outs[k](c, a, sums, r[k], s0, m)
+                        return [got if j == k else nothing(j, sums)[0] for j in range(len(outs))], sums
+                    return branch
+                got, sums = lax.switch(dense[block], [only(k) for k in range(len(outs))], state["cot"],
+                                       state["acc"], state["const"], [rows_all[g.index] for g in p.blocks], start, n)
+                state = {**state, "const": sums}
                 for g, out in zip(p.blocks, got):
                     state = self.apply(g, state, out, block == g.index)
                 return state
             for k, (g, go) in enumerate(zip(p.blocks, outs)):
                 # Each cond reads the state the previous block's updates left (no-ops but one): were they
                 # all to read the step's first state, XLA would copy it for the reads after a scatter.
-                out = lax.cond(block == g.index, go, lambda c, a, r, s0, m, k=k: nothing(k), state["cot"],
-                               state["acc"], rows_all[g.index], start, n)
-                state = self.apply(g, state, out, block == g.index)
+                out, sums = lax.cond(block == g.index, go, lambda c, a, sums, r, s0, m, k=k: nothing(k, sums),
+                                     state["cot"], state["acc"], state["const"], rows_all[g.index], start, n)
+                state = self.apply(g, {**state, "const": sums}, out, block == g.index)
             return state
 
         final = lax.while_loop(lambda s: s["t"] > 0, body, state)
