@@ -93,10 +93,14 @@ of the backward loop, `vmap` batches both sides. Reverse over reverse would
 transpose the backward `while_loop`, which JAX cannot (its own error). Eager forward mode alone
 skips the tape: `pcbatch/api.py` runs the plain machine under JAX's jvp.
 
+Constants whose values depend on no float input (a `jnp.zeros` of a
+parameter's shape) enter the VJPs as plain values: no cotangent is computed
+for them (`inert`; the Tree-LSTM's training step 1.06x faster).
+
 Modules, by job: `floats` (float leaves, the only ones with cotangents),
 `plan` (what each block reads and writes; tape layout), `recorder` (the
-forward: tape rows), `backward` (the reverse loop), `prelude` (the prelude's
-masked VJP), `linear` (the linear primitive and its transpose),
+forward: tape rows), `backward` (the reverse loop), `inert` (constants
+without a derivative), `prelude` (the prelude's masked VJP), `linear` (the linear primitive and its transpose),
 `differentiable` (the custom_jvp tying them together).
 
 >>> import jax, jax.numpy as jnp, pcbatch

@@ -21,8 +21,9 @@ tree_map = tree_util.tree_map
 class Backward:
     """The reverse loop over a tape (see the module docstring)."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, inert: frozenset[str] = frozenset()):
         self.plan = plan
+        self.inert = inert  # constants that carry no derivative (`inert.py`): plain values in the VJPs
 
     def block_vjp(self, g: BlockGrad, consts: dict[str, Any], inv: dict[str, Any], w: int):
         """Block `g` on `w` taped rows: cotangents in, cotangents out (padded
@@ -71,7 +72,7 @@ class Backward:
                     cts[a] = add_ct(cts[a], c)
                 elif prog.var_class[a] == INVARIANT:
                     extra_inv[a] = add_ct(extra_inv.get(a) or zeros_of(types[a], (w,)), c)
-                else:
+                elif a not in self.inert:
                     extra_const[a] = add_ct(extra_const.get(a) or zeros_of(types[a], ()),
                                           [None if x is None else jnp.sum(x, axis=0) for x in c])
             # 2. what the block wrote
@@ -81,7 +82,8 @@ class Backward:
                 x.at[own[s]].get(mode="fill", fill_value=0) for s in float_writes for x in acc[s]]
             # 3. its VJP on the rows
             inv_rows = {v: gather_rows(inv[v], example) for v in g.inv_in}
-            cs = {v: consts[v] for v in g.const_in}
+            cs = {v: consts[v] for v in g.const_in if v not in self.inert}
+            fixed = {v: consts[v] for v in g.const_in if v in self.inert}
             primal = {"reg": rows["reg"], "top": rows["top"], "joined": rows.get("joined", ()),
                       "inv": inv_rows, "const": cs}
             diff = {k: {v: floats(x) for v, x in d.items()} if isinstance(d, dict) else [floats(x) for x in d]
@@ -91,7 +93,7 @@ class Backward:
                 full = {k: {v: with_floats(primal[k][v], dd[k][v]) for v in primal[k]}
                         if isinstance(primal[k], dict) else tuple(with_floats(x, y) for x, y in zip(primal[k], dd[k]))
                         for k in primal}
-                return code(full["reg"], full["top"], full["joined"], full["inv"], full["const"])
+                return code(full["reg"], full["top"], full["joined"], full["inv"], {**full["const"], **fixed})
 
             outs, pull = jax.vjp(f, diff)
             (ct_in,) = pull([c.astype(o.dtype) for c, o in zip(ct_out, outs)])
@@ -118,7 +120,7 @@ class Backward:
                           for v in g.inv_in if is_float(types[v])}
             out["const"] = {v: add_ct(ct_in["const"].get(v) or zeros_of(types[v], ()),
                                     extra_const.get(v) or [None] * len(floats(types[v])))
-                            for v in g.const_in if is_float(types[v])}
+                            for v in g.const_in if is_float(types[v]) and v not in self.inert}
             return out
 
         return run

@@ -21,6 +21,7 @@ from pcbatch.runtime.grad.linear import Linear, linear_call
 from pcbatch.runtime.grad.plan import Plan
 from pcbatch.runtime.grad.recorder import Recorder
 from pcbatch.runtime.grad.backward import Backward
+from pcbatch.runtime.grad.inert import inert_constants
 from pcbatch.runtime.grad.prelude import masked_prelude
 
 tree_util = jax.tree_util
@@ -102,7 +103,8 @@ class Differentiable:
         types, B = prog.var_types, plan.examples
         entry = [p for p in prog.entry_params if p in self.batched and p in plan.float_regs]
         consts, inv = eval_prelude(prog, inputs)
-        ct_const, ct_inv, ct_regs, used = Backward(plan).run(consts, inv, tape, ct_result)
+        ct_const, ct_inv, ct_regs, used = Backward(plan, inert_constants(prog, inputs)).run(consts, inv, tape,
+                                                                                               ct_result)
 
         def start(diff):
             full = {p: with_floats(inputs[p], diff[p]) for p in inputs}
