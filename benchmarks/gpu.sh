@@ -59,6 +59,8 @@ part nuts_cheap 150 "$py" -m benchmarks.nuts --targets student_t,eight_schools,f
 part nuts_cmdbuf 60 env XLA_FLAGS=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL "$py" -m benchmarks.nuts --targets gaussian --chains 128 --peers blackjax --repeats 3 --figure ''
 # the targets the third run's deadline cut (the centered funnel has not run on a GPU yet)
 part nuts_cut 90 "$py" -m benchmarks.nuts --targets student_t,funnel_centered --chains 16,128 --peers blackjax --repeats 3 --figure ''
+# training: the gradient pass's block under one switch (the GPU's default) against a cond per block
+part train 120 "$py" -m benchmarks.treelstm_train --batches 32 --variants gradconds,gradswitch --repeats 3 --min-time 0.3
 # what time is left: is pcbatch right on the GPU too? (-n 0: xdist workers crashed on the GPU)
-part tests 90 env JAX_PLATFORMS=cuda XLA_FLAGS= "$py" -m pytest -q -x -p no:cacheprovider -n 0 tests/fuzz/test_fuzz_follow.py tests/fuzz/test_fuzz_forked.py tests/core/test_api.py
+part tests 90 env JAX_PLATFORMS=cuda XLA_FLAGS= "$py" -m pytest -q -x -p no:cacheprovider -n 0 tests/fuzz/test_fuzz_follow.py tests/fuzz/test_fuzz_forked.py tests/core/test_api.py tests/grad/test_grad_models.py
 echo "== done in $(( $(date +%s) - start ))s"
