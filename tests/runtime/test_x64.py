@@ -337,9 +337,13 @@ def test_python_number_beside_a_narrower_value():
     assert ref.tolist() == [1e5, 1.5] and np.isfinite(ref).all()
 
 
-def test_gradients_fork_join_float64():
+@pytest.mark.parametrize("grad_switch", [False, True])
+def test_gradients_fork_join_float64(grad_switch):
+    """Under a cond per recorded block (the CPU's way) and one switch with masked
+    tape writes (accelerators': `Tuning.grad_switch`)."""
+    f = ftree.with_options(tuning=pcbatch.Tuning(grad_switch=grad_switch))
     args = (jnp.asarray([1.0, 0.75, 2.0], jnp.float64), jnp.asarray([6, 4, 1], jnp.int64))
-    for label, got, want in _grad_pairs(ftree, args, 0):
+    for label, got, want in _grad_pairs(f, args, 0):
         assert_floats(got, want, label, rtol=1e-12)
 
 
