@@ -26,7 +26,10 @@ def inert_constants(prog: StackProgram, inputs: dict[str, Any]) -> frozenset[str
         got, _ = eval_prelude(prog, dict(zip(names, values)))
         return [got[v] for v in consts]
 
-    closed, shapes = jax.make_jaxpr(prelude, return_shape=True)(*(inputs[v] for v in names))
+    try:
+        closed, shapes = jax.make_jaxpr(prelude, return_shape=True)(*(inputs[v] for v in names))
+    except Exception:  # noqa: BLE001 - an optimization only: every constant then gets its cotangent
+        return frozenset()
     jaxpr = closed.jaxpr
     reached = {v for v in jaxpr.invars if jnp.issubdtype(v.aval.dtype, jnp.inexact)}
     for eqn in jaxpr.eqns:
