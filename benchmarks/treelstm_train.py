@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         best = max(ok, key=lambda r: r["batch"] / r["seconds"][k])
         rate = best["batch"] / best["seconds"][k]
         print(f"  {LABELS[k]}: best {fmt_rate(rate)} trees/s @ batch {best['batch']} vs depth-batched best "
-              f"{fmt_rate(depth_rate)} @ batch {best_depth['batch']}: {rate / depth_rate:.2f}x "
+              f"{fmt_rate(depth_rate)} @ batch {best_depth['batch']}: {rate / depth_rate:.3f}x "
               f"({'met' if rate >= depth_rate else 'NOT met'})")
     errors = {(k, e) for r in rows for k, e in r["errors"].items()}
     for k, e in sorted(errors):
