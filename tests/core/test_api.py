@@ -334,6 +334,22 @@ def test_reference_runs_original_python():
     np.testing.assert_array_equal(bare.reference(N), COLLATZ)
 
 
+@pcbatch.autobatch
+def int_or_float(d, x):
+    if d <= 0:
+        return 0              # a Python int on this path
+    return x * 0.25 + d       # a float on the other
+
+
+def test_reference_with_mixed_result_types_under_jax_grad():
+    """The reference stacks a Python int beside a traced float (found by the
+    gradient fuzz: it converted the tracer to NumPy to check for lost values)."""
+    d, x = jnp.asarray([0, 2, 0]), jnp.asarray([1.0, 2.0, 3.0])
+    got = jax.grad(lambda x: int_or_float.reference(d, x).sum())(x)
+    np.testing.assert_array_equal(got, [0.0, 0.25, 0.0])
+    np.testing.assert_array_equal(jax.grad(lambda x: int_or_float(d, x).sum())(x), got)
+
+
 def test_trace_and_tape_info_on_an_empty_batch_and_under_jit():
     """Host-side introspection: a batch of 0 records nothing (as `f(...)` returns empty
     results); traced arguments are a named error, not a JAX internal one."""
