@@ -107,13 +107,15 @@ def hlo_computations(text: str) -> dict[str, list[str]]:
     return comps
 
 
-def machine_loop(comps: dict[str, list[str]]) -> tuple[str, str] | None:
-    """(condition, body) of the machine's while loop: the one with the largest body."""
+def machine_loop(comps: dict[str, list[str]], where: Callable[[str], bool] | None = None) -> tuple[str, str] | None:
+    """(condition, body) of the machine's while loop: the one with the largest
+    body (among those whose `while` line passes `where`: its op_name says
+    which transformation made it, e.g. `transpose(` for a backward loop)."""
     loops = []
     for lines in comps.values():
         for ln in lines:
             m = re.search(r"\bwhile\(.*condition=%?([\w.\-]+).*body=%?([\w.\-]+)", ln)
-            if m:
+            if m and (where is None or where(ln)):
                 loops.append((len(comps.get(m.group(2), [])), m.group(1), m.group(2)))
     return max(loops)[1:] if loops else None
 
@@ -158,7 +160,7 @@ _CALLED = re.compile(r"\b(?:calls|to_apply|body|condition|true_computation|false
 _KINDS = ("fusion", "copy", "conditional", "scatter", "custom-call")
 
 
-def hlo_step_counts(text: str) -> dict[str, dict[str, int]]:
+def hlo_step_counts(text: str, where: Callable[[str], bool] | None = None) -> dict[str, dict[str, int]]:
     """What a VM step runs, from the optimized HLO: kernels in the machine's
     while loop (the largest one) and in what it calls, split into `every
     step` (the loop's body and condition outside any `conditional`) and `in
@@ -167,7 +169,7 @@ def hlo_step_counts(text: str) -> dict[str, dict[str, int]]:
     `scatter` counts scatter fusions too."""
     comps = hlo_computations(text)
     out = {"every step": dict.fromkeys(_KINDS, 0), "in branches": dict.fromkeys(_KINDS, 0)}
-    loop = machine_loop(comps)
+    loop = machine_loop(comps, where)
     if loop is None:
         return out
     cond, body = loop

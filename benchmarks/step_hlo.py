@@ -1,6 +1,6 @@
 """What one VM step runs, counted in the optimized HLO (issue 18, item 5).
 
-    python -m benchmarks.step_hlo        # fib, collatz, the Tree-LSTM (both machines), NUTS (~30 s)
+    python -m benchmarks.step_hlo        # fib, collatz, the Tree-LSTM (both machines, and its gradient), NUTS (~40 s)
 
 For each program the machine's `lax.while_loop` is found in the compiled HLO of
 a `jax.jit` call (the largest loop) and its kernels counted: those every
@@ -44,15 +44,34 @@ def cases():
         every.with_options(tuning=pcbatch.Tuning(masked_follow=True)), args
 
 
+def training_cases():
+    """The gradient of the forked Tree-LSTM under a plain `jax.jit` (as a training step is
+    compiled): its recording forward loop and its backward loop, by `Tuning.grad_switch`."""
+    tree_lstm, (params, trees, root) = treelstm_case()
+    for switched in (False, True):   # the backend picks one by default
+        how = "one switch" if switched else "a cond per block"
+        f = tree_lstm.with_options(fork=True, tuning=pcbatch.Tuning(grad_switch=switched))
+        text = jax.jit(jax.grad(lambda p, f=f: f(p, trees, root)[0].sum())).lower(params).compile().as_text()
+        yield f"Tree-LSTM H 64 jax.grad (batch 64), {how}: forward", \
+            hlo_step_counts(text, lambda ln: "transpose(" not in ln and "jvp(" in ln)
+        yield f"Tree-LSTM H 64 jax.grad (batch 64), {how}: backward", \
+            hlo_step_counts(text, lambda ln: "transpose(" in ln)
+
+
 def main() -> None:
     print(f"# step_hlo  {datetime.datetime.now():%Y-%m-%d %H:%M}  jax {jax.__version__}  {jax.devices()[0].platform}")
     rows = []
+
+    def row(name: str, c: dict) -> None:
+        rows.append([name] + [str(c["every step"][k]) for k in KINDS] + [str(c["in branches"][k]) for k in KINDS])
+        print("  ", " | ".join(rows[-1]), flush=True)
+
     for name, f, args in cases():
         # compiled as pcbatch compiles its own calls (`Tuning.compiler_options`)
         text = jax.jit(f, compiler_options=f.options.tuning.compiler_options()).lower(*args).compile().as_text()
-        c = hlo_step_counts(text)
-        rows.append([name] + [str(c["every step"][k]) for k in KINDS] + [str(c["in branches"][k]) for k in KINDS])
-        print("  ", " | ".join(rows[-1]), flush=True)
+        row(name, hlo_step_counts(text))
+    for name, c in training_cases():
+        row(name, c)
     print()
     heads = ["fusions", "copies", "conds", "scatters", "custom calls"]
     print_table(["program"] + [f"{h} (every step)" for h in heads] + [f"{h} (branches)" for h in heads], rows)
