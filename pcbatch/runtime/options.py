@@ -92,7 +92,7 @@ class Tuning:
         True on accelerators (the binary Tree-LSTM's training step on an
         H100, batch 32: 19.0 against 22.9 ms, measured before the backward
         applied its updates outside the conditionals), False on the CPU
-        (there 55.1 against 50.1 ms).
+        (there 2-5% slower, 54.7 against 53.6 ms).
     cpu_xla_options: on the CPU, pcbatch compiles its own calls with two XLA
         options measured on its machines (`compiler_options`). No
         tree-reduction rewrite: XLA:CPU then fuses each reduction with what

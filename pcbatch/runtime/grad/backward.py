@@ -215,14 +215,23 @@ class Backward:
                 shapes = [jax.eval_shape(go, state["cot"], state["acc"], state["const"], rows_all[g.index], start,
                                          n)[0] for g, go in zip(p.blocks, outs)]
             if p.switched and len(outs) > 1:  # one switch; every block's updates, all but one dropped
+                # The constants' shares leave the switch as values added after it: passed through its
+                # branches, the sums a branch leaves alone are copied there.
+                shares = sorted({v for g in p.blocks for v in g.const_in if v in state["const"]} - self.inert)
+                shapes_of = {v: [(x.shape, x.dtype) for x in state["const"][v]] for v in shares}
+
+                def zero() -> dict[str, list]:  # made in each branch: a shared operand would be copied there
+                    return {v: [jnp.zeros(sh, dt) for sh, dt in shapes_of[v]] for v in shares}
+
                 def only(k: int):
-                    def branch(c, a, sums, r, s0, m):
-                        got, sums = outs[k](c, a, sums, r[k], s0, m)
-                        return [got if j == k else nothing(j, sums)[0] for j in range(len(outs))], sums
+                    def branch(c, a, r, s0, m):
+                        got, added = outs[k](c, a, zero(), r[k], s0, m)
+                        return [got if j == k else nothing(j, {})[0] for j in range(len(outs))], added
                     return branch
-                got, sums = lax.switch(dense[block], [only(k) for k in range(len(outs))], state["cot"],
-                                       state["acc"], state["const"], [rows_all[g.index] for g in p.blocks], start, n)
-                state = {**state, "const": sums}
+                got, added = lax.switch(dense[block], [only(k) for k in range(len(outs))], state["cot"],
+                                        state["acc"], [rows_all[g.index] for g in p.blocks], start, n)
+                state = {**state, "const": {**state["const"], **{v: [a + x for a, x in zip(state["const"][v], added[v])]
+                                                                for v in shares}}}
                 for g, out in zip(p.blocks, got):
                     state = self.apply(g, state, out, block == g.index)
                 return state
