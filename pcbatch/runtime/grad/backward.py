@@ -198,50 +198,53 @@ class Backward:
         }
         outs = [self.block_out(g, consts, inv) for g in p.blocks]
         rows_all = tape.rows
-        dense = jnp.asarray(p.dense)
-        shapes = None
+        at = jnp.zeros((), tape.cursor.dtype)
+        shapes = [jax.eval_shape(go, state["cot"], state["acc"], state["const"], rows_all[g.index], at, at)[0]
+                  for g, go in zip(p.blocks, outs)]
 
-        def nothing(k: int, sums: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        def nothing(k: int) -> dict[str, Any]:
             """Block k's updates where it did not run (`apply` drops them)."""
-            return tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[k]), sums
+            return tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[k])
 
-        def body(state):
-            nonlocal shapes
-            t = state["t"] - 1
-            block, n = tape.log_block[t], tape.log_count[t]
-            start = state["cursor"][block] - n
-            state = {**state, "t": t, "cursor": state["cursor"].at[block].set(start)}
-            if shapes is None:
-                shapes = [jax.eval_shape(go, state["cot"], state["acc"], state["const"], rows_all[g.index], start,
-                                         n)[0] for g, go in zip(p.blocks, outs)]
-            if p.switched and len(outs) > 1:  # one switch; every block's updates, all but one dropped
-                # The constants' shares leave the switch as values added after it: passed through its
-                # branches, the sums a branch leaves alone are copied there.
-                shares = sorted({v for g in p.blocks for v in g.const_in if v in state["const"]} - self.inert)
-                shapes_of = {v: [(x.shape, x.dtype) for x in state["const"][v]] for v in shares}
-
-                def zero() -> dict[str, list]:  # made in each branch: a shared operand would be copied there
-                    return {v: [jnp.zeros(sh, dt) for sh, dt in shapes_of[v]] for v in shares}
-
-                def only(k: int):
-                    def branch(c, a, r, s0, m):
-                        got, added = outs[k](c, a, zero(), r[k], s0, m)
-                        return [got if j == k else nothing(j, {})[0] for j in range(len(outs))], added
-                    return branch
-                got, added = lax.switch(dense[block], [only(k) for k in range(len(outs))], state["cot"],
-                                        state["acc"], [rows_all[g.index] for g in p.blocks], start, n)
-                state = {**state, "const": {**state["const"], **{v: [a + x for a, x in zip(state["const"][v], added[v])]
-                                                                for v in shares}}}
-                for g, out in zip(p.blocks, got):
-                    state = self.apply(g, state, out, block == g.index)
-                return state
+        def by_conds(state, block, start, n):
             for k, (g, go) in enumerate(zip(p.blocks, outs)):
                 # Each cond reads the state the previous block's updates left (no-ops but one): were they
                 # all to read the step's first state, XLA would copy it for the reads after a scatter.
-                out, sums = lax.cond(block == g.index, go, lambda c, a, sums, r, s0, m, k=k: nothing(k, sums),
+                out, sums = lax.cond(block == g.index, go, lambda c, a, sums, r, s0, m, k=k: (nothing(k), sums),
                                      state["cot"], state["acc"], state["const"], rows_all[g.index], start, n)
                 state = self.apply(g, {**state, "const": sums}, out, block == g.index)
             return state
+
+        # One switch: every block's updates come out, all but one dropped by `apply`. The constants'
+        # shares come out too, added after it: passed through, the sums a branch left alone were copied.
+        shares = sorted({v for g in p.blocks for v in g.const_in if v in state["const"]} - self.inert)
+        share_shapes = {v: [(x.shape, x.dtype) for x in state["const"][v]] for v in shares}
+
+        def only(k: int):
+            def branch(c, a, r, s0, m):
+                # The zeros are made here: an operand all branches shared would be copied in each.
+                zero = {v: [jnp.zeros(sh, dt) for sh, dt in share_shapes[v]] for v in shares}
+                got, added = outs[k](c, a, zero, r[k], s0, m)
+                return [got if j == k else nothing(j) for j in range(len(outs))], added
+            return branch
+
+        def by_switch(state, block, start, n):
+            got, added = lax.switch(dense[block], [only(k) for k in range(len(outs))], state["cot"], state["acc"],
+                                    [rows_all[g.index] for g in p.blocks], start, n)
+            state = {**state, "const": {**state["const"], **{v: [a + x for a, x in zip(state["const"][v], added[v])]
+                                                            for v in shares}}}
+            for g, out in zip(p.blocks, got):
+                state = self.apply(g, state, out, block == g.index)
+            return state
+
+        dense = jnp.asarray(p.dense)
+        step = by_switch if p.switched and len(outs) > 1 else by_conds  # the log holds recorded blocks only
+
+        def body(state):
+            t = state["t"] - 1
+            block, n = tape.log_block[t], tape.log_count[t]
+            start = state["cursor"][block] - n
+            return step({**state, "t": t, "cursor": state["cursor"].at[block].set(start)}, block, start, n)
 
         final = lax.while_loop(lambda s: s["t"] > 0, body, state)
         regs = {v: [c[:B] for c in final["cot"][v]] for v in final["cot"]}
