@@ -75,7 +75,9 @@ Why the forward stays cheap: the recorder reads the pre-step state before
 the step updates it in place (`while_loop_recorded` makes the step's block
 index depend on what the recorder wrote; reading after would make XLA copy
 the stacks and registers every step), and it writes only the step's width
-bucket of rows.
+bucket of rows (with `Tuning.grad_switch`, every recorded block's bucket,
+all but the chosen one's into overflow rows, and every row it gathers feeds
+that dependency).
 
 The capacity (`tape_size` rows per block per example) is static. Each block
 counts its rows even past the capacity, so an overflow is detected: outside
