@@ -62,7 +62,8 @@ per block, or one `lax.switch` with `Tuning.grad_switch`); the scatters that
 apply them run after it, with every index pointed past its array for the
 blocks that did not run. Scattered inside a branch, the cotangent registers
 were copied every step unless XLA's copy insertion used region analysis,
-which a caller's own `jax.jit` does not.
+which a caller's own `jax.jit` does not; where they are smaller than all the
+blocks' masked rows, the scatters stay in the branch (`updates_inside`).
 
 Rows are processed in width buckets (like the lane pool's); padding rows copy
 row 0's inputs and get zero cotangents, so junk data never reaches a VJP
