@@ -35,7 +35,7 @@ from pcbatch.lower import lower, specialize
 from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.options import Options
 from pcbatch.runtime import MachineConfig, Status, run_machine
-from pcbatch.runtime.dtypes import index_dtype
+from pcbatch.runtime.dtypes import index_dtype, nbytes
 from pcbatch.runtime.grad import Differentiable
 from pcbatch.runtime.options import Tuning
 from pcbatch.runtime.run import new_workspace, workspace_shapes
@@ -128,8 +128,7 @@ def uncapped_pool(batch: int, tuning: Tuning) -> int:
 
 def frame_bytes(prog: StackProgram) -> int:
     """One lane's stack frame: the pc, then each stack's slot."""
-    return index_dtype().itemsize + sum(x.size * x.dtype.itemsize
-                                        for x in tree_util.tree_leaves(StackLayout.of(prog).stacks))
+    return index_dtype().itemsize + nbytes(StackLayout.of(prog).stacks)
 
 
 def fork_choice(prog: StackProgram, signature: Signature, options: Options, traced: bool) -> ForkChoice:

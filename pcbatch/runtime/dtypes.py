@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["index_dtype", "index_array", "index_zeros", "index_full"]
+__all__ = ["index_dtype", "index_array", "index_zeros", "index_full", "nbytes"]
 
 
 def index_dtype() -> np.dtype:
@@ -35,3 +35,8 @@ def index_zeros(shape: tuple[int, ...] | int) -> jax.Array:
 
 def index_full(shape: tuple[int, ...] | int, value: Any) -> jax.Array:
     return jnp.full(shape, value, index_dtype())
+
+
+def nbytes(t: Any) -> int:
+    """Bytes of a pytree of arrays or shape-dtype structs (a program type: one lane's value)."""
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(t))

@@ -25,7 +25,7 @@ from jax import lax
 
 from pcbatch.fsm.base import Frontier, bind
 from pcbatch.runtime.block import Codes, Rows, execute
-from pcbatch.runtime.dtypes import index_dtype
+from pcbatch.runtime.dtypes import index_dtype, nbytes
 from pcbatch.runtime.inplace import masked_update
 from pcbatch.runtime.config import MachineConfig, Status
 from pcbatch.runtime.loop import block_in, while_loop_recorded
@@ -109,8 +109,6 @@ class Machine:
         # Blocks that touch a large register or stack frame run in place, each
         # under a lax.cond of its own; the rest share one lax.switch over the
         # small state (see `block_cond`).
-        def nbytes(t: Any) -> int:
-            return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(t))
         # (A register that large would be copied by the switch every step, twice;
         # with many small leaves, the switch's per-leaf copies cost more than a
         # lax.cond per block. Below both, e.g. fib and collatz, XLA runs the

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pcbatch.ir.core import StackProgram
-from pcbatch.runtime.dtypes import index_dtype
+from pcbatch.runtime.dtypes import index_dtype, nbytes
 from pcbatch.runtime.block import eval_prelude
 from pcbatch.runtime.config import MachineConfig
 from pcbatch.runtime.lanes import cast_to
@@ -47,10 +47,6 @@ class TapeInfo(NamedTuple):
     total_steps: int
     bytes_used: int
     bytes_allocated: int
-
-
-def _nbytes(t: Any) -> int:
-    return sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in tree_util.tree_leaves(t))
 
 
 class Differentiable:
@@ -89,7 +85,7 @@ class Differentiable:
         _, status, tape = forward(inputs)
         cursor = np.asarray(tape.cursor)
         rows = {g.index: int(cursor[g.index]) for g in plan.blocks}
-        row_bytes = {g.index: _nbytes(plan.row_types(g)) for g in plan.blocks}
+        row_bytes = {g.index: nbytes(plan.row_types(g)) for g in plan.blocks}
         word = index_dtype().itemsize
         fixed = plan.depth * plan.lanes * word * len(plan.float_stacks)  # the event ids of the stacks' slots
         steps = int(tape.t)
