@@ -73,15 +73,11 @@ class Autobatched:
         functools.update_wrapper(self, self.target.fn)
         self.fn = self.target.fn  # the Python function whose source is converted
         self._original = fn
-        self._bound_methods: dict[int, tuple[Any, Autobatched]] = {}
         self.scheduler = get_scheduler(self.schedule)
         self._sharding = None if self.mesh is None else _sharding.BatchSharding.of(self.mesh, self.axis_name)
         self.signature = self.target.signature
-        self._cache = Cache()  # the pipeline's stages (pcbatch/compile.py)
+        self._cache = Cache()  # the pipeline's stages (pcbatch/compile.py), and this object's copies
         self.trace_count = 0  # machines traced so far; a cache hit does not add one
-        self._shallow: Autobatched | None = None  # a copy with shallower pool stacks (`first_stack_depth`)
-        self._scheduled: dict[Any, Autobatched] = {}  # `with_schedule`'s copies, by schedule
-        self._bind_memo: dict[tuple, tuple] = {}  # argument shapes -> how `bind` binds them (`_bind`)
 
     def __repr__(self) -> str:
         return f"<autobatched {self.fn.__qualname__}>"
@@ -90,10 +86,11 @@ class Autobatched:
         """A method decorated with `autobatch`: `obj.f` is autobatched with `self` fixed."""
         if instance is None:
             return self
-        cached = self._bound_methods.get(id(instance))
-        if cached is None or cached[0] is not instance:
-            bound = Autobatched(types.MethodType(self._original, instance), self.options)
-            cached = self._bound_methods[id(instance)] = (instance, bound)
+        key = ("method", id(instance))
+        cached = self._cache.get(key, lambda: None)
+        if cached is None or cached[0] is not instance:  # the id of an instance since collected
+            cached = (instance, Autobatched(types.MethodType(self._original, instance), self.options))
+            self._cache.put(key, cached)
         return cached[1]
 
     def _callee(self, obj: Any) -> BoundFunction | None:
@@ -301,9 +298,12 @@ class Autobatched:
         same schedule (a name, or the same scheduler object), it returns the
         same copy, so its compiled machines are reused rather than rebuilt."""
         key = schedule if isinstance(schedule, str) else id(schedule)  # the copy keeps the object alive
-        copy = self._scheduled.get(key)
-        if copy is None:
-            copy = self._scheduled[key] = self.with_options(schedule=schedule)
+        return self._cache.get(("schedule", key), lambda: self.with_options(schedule=schedule))
+
+    def _shallow_copy(self, depth: int) -> "Autobatched":
+        """This function on pool stacks of `depth` frames (`first_stack_depth`)."""
+        copy = self.with_options(max_stack_depth=depth, fork=True)
+        copy._traced = self._traced  # its machines count as this function's
         return copy
 
     def with_options(self, **options: Any) -> "Autobatched":
@@ -323,13 +323,13 @@ class Autobatched:
         key = None
         if not kwargs and all(isinstance(a, jax.Array) for a in args):
             key = tuple(a.shape for a in args)
-            hit = self._bind_memo.get(key)
+            hit = self._cache.get(("bind", key), lambda: None)
             if hit is not None:
                 return Bound(dict(zip(hit[0], args)), hit[1], hit[2])
         bound = bind(self.target, self.in_axes, tuple(args), kwargs)
         if key is not None and len(bound.values) == len(args) and all(
                 v is a for v, a in zip(bound.values.values(), args)):
-            self._bind_memo[key] = (tuple(bound.values), bound.batched, bound.batch)
+            self._cache.put(("bind", key), (tuple(bound.values), bound.batched, bound.batch))
         return bound
 
     def _executable(self, bound: Bound) -> tuple[Executable, dict[str, Any]]:
@@ -387,11 +387,9 @@ class Autobatched:
             exe.shallow_depth = (first_stack_depth(exe.prog, exe.signature.local_batch, self.options)
                                  if exe.signature.sharding is None else 0)
         if exe.shallow_depth > 0:
-            if self._shallow is None:
-                self._shallow = self.with_options(max_stack_depth=exe.shallow_depth, fork=True)
-                self._shallow._traced = self._traced  # its machines count as this function's
-            s_exe, s_inputs = self._shallow._executable(bound)
-            result, status = self._shallow._run_eagerly(s_exe, s_inputs, plain_call)
+            shallow = self._cache.get(("shallow", exe.shallow_depth), lambda: self._shallow_copy(exe.shallow_depth))
+            s_exe, s_inputs = shallow._executable(bound)
+            result, status = shallow._run_eagerly(s_exe, s_inputs, plain_call)
             exe.shallow_tries += 1
             if not np.any(np.asarray(status.overflow)):
                 return result, status, s_exe.prog

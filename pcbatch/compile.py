@@ -208,7 +208,10 @@ class Cache:
     """What the pipeline made for one autobatched function and its options:
     one dict, keyed by each stage's inputs: `("frontend", fork, loops)`,
     `("lower", fork, loops, shared)`, `("specialize", fork, loops, signature)`,
-    `("fork choice", signature, traced)` and `("machine", signature, fork)`."""
+    `("fork choice", signature, traced)` and `("machine", signature, fork)`;
+    and the function's copies: `("method", id)` (bound to an instance),
+    `("schedule", key)`, `("shallow", depth)` and how `("bind", shapes)`
+    binds positional arrays."""
 
     # Stages that depend on nothing but their key (not on other options): a copy with other options reuses them.
     _OPTION_FREE = ("frontend", "lower", "specialize")
@@ -225,6 +228,10 @@ class Cache:
     def put(self, key: Hashable, value: Any) -> None:
         """Replace the entry for `key` (a fork choice once measured)."""
         self._entries[key] = value
+
+    def of_kind(self, kind: str) -> list[Any]:
+        """The entries whose key starts with `kind`, in the order they were made."""
+        return [v for k, v in self._entries.items() if isinstance(k, tuple) and k[0] == kind]
 
     def inherit(self, other: "Cache") -> None:
         """Take `other`'s block IR, lowered and specialized programs (the same

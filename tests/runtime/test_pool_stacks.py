@@ -22,6 +22,13 @@ def leaves(n):
     return leaves(n - 1) + leaves(n - 1)
 
 
+def shallow(f):
+    """The copy of `f` its eager calls ran on shallow stacks, or None."""
+    copies = f._cache.of_kind("shallow")
+    assert len(copies) <= 1
+    return copies[0] if copies else None
+
+
 def capped(fn, lanes_per_example: int, first_depth: int):
     """`fn` whose default pool the stack budget caps at `lanes_per_example` lanes per example."""
     x = jnp.arange(4)
@@ -40,7 +47,7 @@ def test_shallow_stacks_buy_lanes_where_the_budget_caps_the_pool():
         assert not np.any(np.asarray(status.overflow))
         assert int(np.max(np.asarray(status.peak_lanes))) > 8   # more than the full-depth pool holds
     np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
-    assert f._shallow.max_stack_depth == 16 and f.executable(x)[0].shallow_misses == 0
+    assert shallow(f).max_stack_depth == 16 and f.executable(x)[0].shallow_misses == 0
 
 
 def test_a_lane_that_overflows_the_shallow_stacks_reruns_on_full_ones():
@@ -51,8 +58,8 @@ def test_a_lane_that_overflows_the_shallow_stacks_reruns_on_full_ones():
     out, status = f.checked(x)
     assert not np.any(np.asarray(status.overflow))
     np.testing.assert_array_equal(out, leaves.reference(x))
-    assert f._shallow.max_stack_depth == 3
-    assert np.all(np.asarray(f._shallow.checked(x)[1].overflow)[[0, 1, 3]])   # they did overflow
+    assert shallow(f).max_stack_depth == 3
+    assert np.all(np.asarray(shallow(f).checked(x)[1].overflow)[[0, 1, 3]])   # they did overflow
     exe = f.executable(x)[0]
     assert exe.shallow_depth == 0   # shallow runs that overflow from the start are not tried again
     for _ in range(2):
@@ -77,7 +84,7 @@ def test_a_pool_the_budget_does_not_cap_stays_as_it_is():
     f = leaves.with_options(tuning=pcbatch.Tuning(lanes_per_example=4, pool_first_stack_depth=16))
     for _ in range(2):
         np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
-    assert f._shallow is None
+    assert shallow(f) is None
 
 
 def test_no_shallow_run_under_jit_or_with_max_lanes():
@@ -86,11 +93,11 @@ def test_no_shallow_run_under_jit_or_with_max_lanes():
     f = capped(leaves, lanes_per_example=2, first_depth=3)
     for _ in range(2):
         np.testing.assert_array_equal(jax.jit(f)(x), 2 ** np.asarray(x))
-    assert f._shallow is None
+    assert shallow(f) is None
     g = f.with_options(max_lanes=8)
     for _ in range(2):
         np.testing.assert_array_equal(g(x), 2 ** np.asarray(x))
-    assert g._shallow is None
+    assert shallow(g) is None
 
 
 @pytest.mark.parametrize("name, first_depth", [
@@ -111,4 +118,4 @@ def test_fork_programs_on_shallow_stacks(name, first_depth):
         out, status = f.checked(*args)
         assert not np.any(np.asarray(status.overflow)) and not np.any(np.asarray(status.unfinished))
         assert_same(out, want, name)
-    assert f._shallow.max_stack_depth == first_depth
+    assert shallow(f).max_stack_depth == first_depth
