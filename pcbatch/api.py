@@ -355,6 +355,7 @@ class Autobatched:
     def _run(self, bound: Bound, raise_errors: bool = False) -> tuple[Any, Status, StackProgram | None, int]:
         if bound.batch == 0:
             return (*self._run_empty(bound), None, 0)
+        self._check_captured()
         exe, inputs = self._executable(bound)
         prog, batch = exe.prog, bound.batch
         leaves = tree_util.tree_leaves(inputs)
@@ -378,6 +379,23 @@ class Autobatched:
                                self._traced)
         result, status, prog = self._run_pool(exe, bound, raise_errors)
         return result, status, prog, batch
+
+    def _check_captured(self) -> None:
+        """A value the program captures (a closure's variable, a functools.partial's
+        or a method's `self`) is a constant of the program: one being
+        reverse-differentiated (`jax.grad` of the caller with respect to it)
+        has no argument for its cotangent to reach. A named error, not JAX's."""
+        for name, value in differentiation.captured(self.target.fn, self.target.constants):
+            found = differentiation.tracers(tree_util.tree_leaves(value))
+            if differentiation.REVERSE and any(isinstance(x, differentiation.REVERSE) for x in found):
+                raise ArgumentError(
+                    self.__name__, f"`{name}` is captured by the function (a closure variable, a functools.partial "
+                                   "argument or a method's object) and differentiated in reverse mode: pcbatch "
+                                   "differentiates only the call's arguments",
+                    "pass the differentiated values as an argument with in_axes=None (shared by the batch): "
+                    "`autobatch(f, in_axes=(None, 0))(params, x)` with `def f(params, x)` (a method: a function "
+                    "taking the object's parameters as its first argument). jax.jit, jax.vmap and forward mode "
+                    "(jax.jvp) work with captured values too.")
 
     def _run_pool(self, exe: Executable, bound: Bound, plain_call: bool) -> tuple[Any, Status, StackProgram]:
         """Run `exe` eagerly. Where the stack budget caps its pool, first on shallow stacks

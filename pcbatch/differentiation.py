@@ -60,3 +60,23 @@ def mode(leaves: list[Any]) -> str | None:
     if not FORWARD or not any(isinstance(x, FORWARD) for x in found):
         return None
     return "mixed" if REVERSE and any(isinstance(x, REVERSE) for x in found) else "forward"
+
+
+def captured(fn: Any, constants: tuple[tuple[str, Any], ...]) -> list[tuple[str, Any]]:
+    """What a function captures besides its arguments, by name: its fixed
+    `constants` (a functools.partial's arguments, a method's object) and its
+    closure's variables; an object that is not a pytree also by its attributes
+    (`self.w` of a plain class)."""
+    out = list(constants)
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    for name, cell in zip(code.co_freevars if code is not None else (), cells):
+        try:
+            out.append((name, cell.cell_contents))
+        except ValueError:  # a cell not yet assigned
+            pass
+    for name, value in list(out):
+        leaves = jax.tree_util.tree_leaves(value)
+        if len(leaves) == 1 and leaves[0] is value and not isinstance(value, jax.Array) and hasattr(value, "__dict__"):
+            out.extend((f"{name}.{k}", v) for k, v in vars(value).items())
+    return out
+

@@ -162,3 +162,64 @@ def test_tape_grows_outside_jit_and_is_fixed_when_given():
     check_vjp(long_loop, small, positions=(0,))
     check_vjp(long_loop, (x, n), positions=(0,))
     check_vjp(long_loop, (x, n), positions=(0,), jit=True)
+
+
+def _model(w, x, n):
+    if n <= 0:
+        return x * w
+    return x * w * w + 1.0
+
+
+class _Scorer:
+    """A plain object whose method reads a parameter from `self`."""
+
+    def __init__(self, w):
+        self.w = w
+
+    @pcbatch.autobatch
+    def score(self, x, n):
+        if n <= 0:
+            return x * self.w
+        return x * self.w * self.w + 1.0
+
+
+_X, _N = jnp.asarray([0.3, -1.2, 2.0, 0.9]), jnp.asarray([0, 3, 1, 5])
+
+
+def _by_partial(w):
+    import functools
+    return pcbatch.autobatch(functools.partial(_model, w))(_X, _N).sum()
+
+
+def _by_closure(w):
+    @pcbatch.autobatch
+    def g(x, n):
+        if n <= 0:
+            return x * w
+        return x * w * w + 1.0
+    return g(_X, _N).sum()
+
+
+def _by_method(w):
+    return _Scorer(w).score(_X, _N).sum()
+
+
+def _reference(w):
+    return sum(_model(w, x, n) for x, n in zip(_X, _N))
+
+
+@pytest.mark.parametrize("loss", [_by_partial, _by_closure, _by_method], ids=["partial", "closure", "method"])
+def test_reverse_mode_through_a_captured_value_is_a_named_error(loss):
+    """A value the function captures (a partial's argument, a closure variable, `self.w`) is a
+    constant of the program: jax.grad with respect to it raises ArgumentError naming it, eager
+    and under jit (JAX's own errors were a ValueError about compiler options or while loops);
+    jit, vmap and jvp over it give the per-example Python's values."""
+    for grad in (jax.grad(loss), jax.jit(jax.grad(loss))):
+        with pytest.raises(pcbatch.ArgumentError, match="captured by the function") as err:
+            grad(2.0)
+        assert "w" in str(err.value) or "self" in str(err.value)
+    np.testing.assert_allclose(jax.jit(loss)(2.0), _reference(2.0), rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(loss)(jnp.array([2.0, 0.5])), [_reference(2.0), _reference(0.5)], rtol=1e-6)
+    primal, tangent = jax.jvp(loss, (2.0,), (1.0,))
+    want_primal, want_tangent = jax.jvp(_reference, (2.0,), (1.0,))
+    np.testing.assert_allclose([primal, tangent], [want_primal, want_tangent], rtol=1e-6)
