@@ -41,7 +41,7 @@ def _stack_examples(*values: Any) -> jax.Array:
     that type cannot hold an example's value (a Python int beyond int32 beside
     an int32 under x64, a float beyond float16's range): then in the wider type
     of the values, never wrapped or overflowed to inf."""
-    arrays = [jnp.asarray(v) for v in values]
+    arrays = [_example_array(v, values) for v in values]
     stacked = jnp.stack(arrays)
     wide = np.result_type(*(a.dtype for a in arrays))
     if wide == stacked.dtype or any(isinstance(a, jax.core.Tracer) for a in arrays):
@@ -50,6 +50,20 @@ def _stack_examples(*values: Any) -> jax.Array:
     exact = np.stack([np.asarray(a).astype(wide) for a in arrays])
     lost = (np.isfinite(exact) & ~np.isfinite(narrow)) if np.issubdtype(stacked.dtype, np.inexact) else exact != narrow
     return jnp.asarray(exact) if np.any(lost) else stacked
+
+
+def _example_array(value: Any, values: tuple[Any, ...]) -> jax.Array:
+    """One example's result leaf as an array. A Python int beyond JAX's default
+    integer (int32 without x64: a `range` counter over uint32 bounds) takes the
+    type the other examples' arrays have, or uint32, where that holds it."""
+    try:
+        return jnp.asarray(value)
+    except OverflowError:
+        typed = [jnp.result_type(v) for v in values if hasattr(v, "dtype")]
+        for dtype in ([np.result_type(*typed)] if typed else []) + [np.dtype(np.uint32)]:
+            if np.issubdtype(dtype, np.integer) and np.iinfo(dtype).min <= value <= np.iinfo(dtype).max:
+                return jnp.asarray(value, dtype)
+        raise
 
 
 class Autobatched:

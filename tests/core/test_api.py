@@ -350,6 +350,28 @@ def test_reference_with_mixed_result_types_under_jax_grad():
     np.testing.assert_array_equal(jax.grad(lambda x: int_or_float(d, x).sum())(x), got)
 
 
+@pcbatch.autobatch
+def last_counter(a, b, s):
+    last = a
+    for i in range(a, b, s):
+        last = i              # a Python int in the per-example Python
+    return last
+
+
+def test_reference_holds_python_ints_beyond_int32():
+    """A `range` counter over uint32 bounds is a Python int past int32 in the
+    per-example Python: the reference stacks it as the uint32 the other
+    examples give (it raised OverflowError), equal to the machine's."""
+    a = np.array([4294967290, 0, 7], np.uint32)
+    b = np.array([4294967295, 4294967295, 3], np.uint32)
+    s = np.array([4, 2147483648, 1], np.uint32)
+    want = np.array([4294967294, 2147483648, 7], np.uint32)
+    for got in (last_counter.reference(a, b, s), last_counter(a, b, s)):
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == np.uint32
+    np.testing.assert_array_equal(last_counter.reference(a[:2], b[:2], s[:2]), want[:2])   # all Python ints
+
+
 def test_trace_and_tape_info_on_an_empty_batch_and_under_jit():
     """Host-side introspection: a batch of 0 records nothing (as `f(...)` returns empty
     results); traced arguments are a named error, not a JAX internal one."""
