@@ -246,7 +246,22 @@ def load_ast_trees(split: str = "train", *, max_nodes: int = 128, min_nodes: int
         raise ValueError(f"unknown task {task!r}")
     if max_trees is not None and (isinstance(max_trees, bool) or int(max_trees) != max_trees or max_trees < 0):
         raise ValueError(f"max_trees must be None or an int >= 0, got {max_trees!r}")
+    for name, value, low in (("max_nodes", max_nodes, 1), ("min_nodes", min_nodes, 1), ("max_children", max_children, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if min_nodes > max_nodes:
+        raise ValueError(f"min_nodes ({min_nodes}) is more than max_nodes ({max_nodes}): no tree qualifies")
+    if len(fractions) != len(SPLITS) or any(not f >= 0 for f in fractions) or not sum(fractions) > 0:
+        raise ValueError(f"fractions must be {len(SPLITS)} non-negative numbers (train, validation, test), "
+                         f"got {tuple(fractions)!r}")
+    if isinstance(modules, str):
+        raise ValueError(f"modules must be a sequence of dotted module names, got the string {modules!r} "
+                         f"(write modules=[{modules!r}])")
     wanted = None if modules is None else set(modules)
+    if wanted is not None:
+        unknown = sorted(wanted - {name for name, _ in stdlib_modules()})
+        if unknown:
+            raise ValueError(f"modules not in stdlib_modules(): {unknown[:5]}")
     out = AstTrees([], [], [], [])
     labels: list[int] = []
     if max_trees == 0:

@@ -69,12 +69,14 @@ def ess(samples: Any) -> np.ndarray:
             continue
         rho = 1.0 - (within - acov.mean(axis=0)) / var_plus   # combined autocorrelation, rho[0] = 1
         rho[0] = 1.0
-        # Geyer: sums of adjacent pairs, truncated at the first negative, made monotone.
+        # Geyer: sums of adjacent pairs, truncated at the first negative, made monotone;
+        # as Stan, the first negative pair's leading term counts once where it is positive.
         pairs = rho[: 2 * (n // 2)].reshape(-1, 2).sum(axis=1)
         neg = np.nonzero(pairs < 0)[0]
+        tail = max(rho[2 * neg[0]], 0.0) if len(neg) else 0.0
         pairs = pairs[: neg[0]] if len(neg) else pairs
         pairs = np.minimum.accumulate(pairs)
-        tau = -1.0 + 2.0 * pairs.sum()
+        tau = -1.0 + 2.0 * pairs.sum() + tail
         tau = max(tau, 1.0 / np.log10(m * n)) if m * n > 1 else tau
         out[k] = m * n / tau
     return out.reshape(x.shape[2:])

@@ -84,6 +84,9 @@ class NUTSOutput(NamedTuple):
                              f"one chain made {np.shape(position)[1]} (num_draws {np.asarray(self.num_draws).tolist()}): "
                              "continue the chains (out.last_position) and summarize the draws of several calls, "
                              "or give a larger budget")
+        if np.shape(position)[1] < 4:
+            raise _invalid(f"summary needs at least 4 draws from every chain (split R-hat halves each chain), got "
+                           f"{np.shape(position)[1]}: sample with num_samples >= 4")
         return summary(position)
 
     def equal_length(self) -> "NUTSOutput":
@@ -706,6 +709,14 @@ def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, t
         raise _invalid(f"uturn_criterion must be 'stan' or 'numpyro', got {uturn_criterion!r}")
     if adaptation not in ("step_size", "window"):
         raise _invalid(f"adaptation must be 'step_size' or 'window', got {adaptation!r}")
+    counts = {"num_samples": num_samples, "num_warmup": num_warmup, "max_tree_depth": max_tree_depth,
+              "leapfrogs_per_leaf": leapfrogs_per_leaf}
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise _invalid(f"{name} must be an integer, got {value!r}")
+    if not max_delta_energy > 0:
+        raise _invalid(f"max_delta_energy must be positive (an energy error above it is a divergence; Stan: 1000), "
+                       f"got {max_delta_energy!r}")
     if num_samples < 1 or max_tree_depth < 1 or leapfrogs_per_leaf < 1 or num_warmup < 0:
         raise _invalid("num_samples, max_tree_depth and leapfrogs_per_leaf must be at least 1, "
                          "num_warmup at least 0")
@@ -849,14 +860,14 @@ def _raw_keys(keys: Any, chains: int) -> jax.Array:
     return keys
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _split_keys(keys: jax.Array, num_transitions: int, dim: int) -> tuple[jax.Array, jax.Array]:
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _split_keys(keys: jax.Array, num_transitions: int, dim: int, dtype: str) -> tuple[jax.Array, jax.Array]:
     """Each chain's key -> (the tree's key, the standard normal noise of its
-    momenta, one row per transition). Drawn before the loop: inside it, a
+    momenta, one row per transition, in the positions' `dtype`). Drawn before the loop: inside it, a
     normal draw for the few chains starting a transition would cost every lane."""
     def one(key):
         k_tree, k_noise = jax.random.split(key)
-        return k_tree, jax.random.normal(k_noise, (num_transitions, dim))
+        return k_tree, jax.random.normal(k_noise, (num_transitions, dim), dtype)
     return jax.vmap(one)(keys)
 
 
@@ -913,7 +924,7 @@ def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matr
             raise _invalid(f"{name} must be finite and positive, got {known if known.size <= 8 else known.ravel()[:8]}",
                            "a step size of 0 never moves a chain; a negative one or a non-positive mass "
                            "has no meaning in the dynamics")
-    tree_keys, noise = _split_keys(keys, int(num_transitions), dim)
+    tree_keys, noise = _split_keys(keys, int(num_transitions), dim, x.dtype.name)
     report_every = report_intervals(chains, int(num_transitions), int(progress_every))
     int_dtype = _index_dtype()
     if gradient_budget is not None and (int(gradient_budget) != gradient_budget or gradient_budget < 1):

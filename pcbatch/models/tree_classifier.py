@@ -143,6 +143,9 @@ def train(params: dict, train_set: LabelledTrees, test_set: LabelledTrees | None
     step = make_step(optimizer, model)
     opt_state = optimizer.init(params)
     n = len(train_set.labels)
+    for name, value in (("steps", steps), ("batch_size", batch_size), ("eval_every", eval_every)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if batch_size > n:
         raise ValueError(f"batch_size={batch_size} is larger than the training set ({n} trees)")
     rng = np.random.default_rng(seed)

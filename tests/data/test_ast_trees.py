@@ -168,3 +168,16 @@ def test_max_trees_zero_is_empty_and_negative_is_an_error():
     assert len(data.load_ast_trees("train", max_trees=2, max_nodes=32).trees) == 2
     with pytest.raises(ValueError, match="max_trees"):
         data.load_ast_trees("train", max_trees=-5)
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"modules": "json"}, "write modules=\\['json'\\]"),       # was a set of characters: no trees
+    ({"modules": ["no.such.module"]}, "not in stdlib_modules"),
+    ({"max_nodes": 1, "min_nodes": 2}, "min_nodes .* is more than max_nodes"),
+    ({"max_nodes": 0}, "max_nodes must be an int >= 1"),
+    ({"max_children": 0}, "max_children must be an int >= 1"),
+    ({"fractions": (0.8, -0.1, 0.3)}, "fractions must be"),
+])
+def test_bad_arguments_are_errors_not_empty_sets(kwargs, says):
+    with pytest.raises(ValueError, match=says):
+        data.load_ast_trees("all", **kwargs)

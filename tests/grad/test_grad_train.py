@@ -46,3 +46,13 @@ def test_a_few_adam_steps_lower_the_loss():
     assert losses[-1] < 0.8 * losses[0], losses
     assert_close(losses[0], float(tc.loss(tc.init_params(jax.random.PRNGKey(0), hidden=8), data.trees, data.labels,
                                           model.reference)))
+
+
+def test_train_rejects_counts_below_one():
+    """`eval_every=0` divided by zero; `batch_size` 0 or negative trained on empty batches (NaN losses)."""
+    import pytest
+    data = tc.labelled_trees(8, seed=0, min_leaves=2, max_leaves=6)
+    params = tc.init_params(jax.random.PRNGKey(0), hidden=8)
+    for kwargs in ({"eval_every": 0}, {"batch_size": 0}, {"batch_size": -4}, {"steps": 0}):
+        with pytest.raises(ValueError, match=f"{next(iter(kwargs))} must be an int >= 1"):
+            tc.train(params, data, **{"steps": 2, "batch_size": 4, "progress": False, **kwargs})

@@ -89,3 +89,30 @@ def test_float64_under_x64_equals_the_chain_by_chain_python():
         np.testing.assert_allclose(np.asarray(out.position), np.asarray(ref.position), rtol=1e-10, atol=1e-12)
         with pytest.raises(pcbatch.ArgumentError, match="float32 \\(or float64 under jax_enable_x64\\)"):
             nuts.sample(laplace, x0.astype(jnp.float16), KEY, num_samples=4, step_size=0.3)
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"num_samples": 2.5}, "num_samples must be an integer"),
+    ({"num_samples": 3, "max_delta_energy": -1.0}, "max_delta_energy must be positive"),
+])
+def test_bad_settings_are_named_errors(kwargs, says):
+    """A fractional `num_samples` ran as its floor and a negative `max_delta_energy` made every
+    transition divergent, both silently."""
+    with pytest.raises(pcbatch.ArgumentError, match=says):
+        nuts.sample(gaussian, jnp.zeros((2, 2)), KEY, step_size=0.4, **kwargs)
+
+
+def test_summary_of_fewer_than_four_draws_is_a_named_error():
+    out = nuts.sample(gaussian, jnp.zeros((2, 2)), KEY, step_size=0.4, num_samples=3)
+    with pytest.raises(pcbatch.ArgumentError, match="at least 4 draws"):
+        out.summary()
+
+
+def test_float32_positions_under_x64_stay_float32():
+    """The momenta are drawn in the positions' dtype (as BlackJAX does): float64 noise
+    promoted the float32 chains, and JAX warned of a float64 scatter into float32 draws."""
+    import warnings
+    with jax.enable_x64(True), warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        out = nuts.sample(gaussian, jnp.zeros((2, 3), jnp.float32), KEY, step_size=0.5, num_samples=4)
+    assert out.position.dtype == jnp.float32 and np.isfinite(np.asarray(out.position)).all()
