@@ -830,7 +830,18 @@ def _start_values(logdensity_fn: Callable) -> Callable:
 def _check_start(logdensity_fn: Callable, x: jax.Array) -> None:
     """A chain whose log density or gradient is not finite where it starts
     never moves (every proposal's weight is NaN or its own is -inf): a named
-    error, before sampling, where the positions are known."""
+    error, before sampling, where the positions are known. A log density that
+    is not a float scalar is one wherever they are."""
+    try:
+        out = jax.eval_shape(logdensity_fn, jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
+    except Exception:  # its own error, where the sampler traces it
+        out = None
+    if out is not None and (not isinstance(out, jax.ShapeDtypeStruct) or out.shape != ()
+                            or not jnp.issubdtype(out.dtype, jnp.floating)):
+        got = (f"{out.dtype}{list(out.shape)}" if isinstance(out, jax.ShapeDtypeStruct)
+               else type(out).__name__)
+        raise _invalid(f"logdensity_fn must return a float scalar for one position [{x.shape[-1]}], got {got}",
+                       "sum the terms of the log density: jnp.sum(...) (jax.grad needs a scalar)")
     if _concrete(x) is None:
         return
     logp, grad = _start_values(logdensity_fn)(x)

@@ -116,3 +116,14 @@ def test_float32_positions_under_x64_stay_float32():
         warnings.simplefilter("error", FutureWarning)
         out = nuts.sample(gaussian, jnp.zeros((2, 3), jnp.float32), KEY, step_size=0.5, num_samples=4)
     assert out.position.dtype == jnp.float32 and np.isfinite(np.asarray(out.position)).all()
+
+
+@pytest.mark.parametrize("logdensity, got", [
+    (lambda x: -0.5 * x ** 2, r"float32\[2\]"),
+    (lambda x: jnp.sum(x > 0).astype(jnp.int32), r"int32\[\]"),
+    (lambda x: -0.5 * jnp.sum(x ** 2, keepdims=True), r"float32\[1\]"),
+])
+def test_a_log_density_that_is_not_a_float_scalar_is_a_named_error(logdensity, got):
+    """It was JAX's TypeError from inside the sampler's gradient."""
+    with pytest.raises(pcbatch.ArgumentError, match="must return a float scalar .*, got " + got):
+        nuts.sample(logdensity, jnp.zeros((2, 2)), KEY, step_size=0.4, num_samples=3)
