@@ -106,7 +106,9 @@ def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[in
     # With a step bound, no example may starve another (one runaway must not spoil the batch).
     if options.max_steps is not None:
         scheduler = Fair(scheduler)
-    return lanes, MachineConfig(options.max_stack_depth, options.max_steps, scheduler, lanes, width, tuning)
+    # The step counter is the index type: a bound past it is no bound (and no int32 overflow).
+    max_steps = None if options.max_steps is None else min(options.max_steps, int(np.iinfo(index_dtype()).max))
+    return lanes, MachineConfig(options.max_stack_depth, max_steps, scheduler, lanes, width, tuning)
 
 
 def first_stack_depth(prog: StackProgram, batch: int, options: Options) -> int:

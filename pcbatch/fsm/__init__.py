@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pcbatch.errors import OptionError
 
 # What the machine calls each step (runs inside the loop, traced JAX):
-from pcbatch.fsm.base import Auto, Fair, Frontier, ReturnsLast, Scheduler, bind
+from pcbatch.fsm.base import Auto, Fair, Frontier, Guarded, ReturnsLast, Scheduler, bind, guarded
 from pcbatch.fsm.baselines import BASELINES, Agenda, Depth, Earliest
 from pcbatch.fsm.policy import Policy
 from pcbatch.ir.flow import follow_order
@@ -66,6 +66,7 @@ def get_scheduler(schedule: Any, prog: Any = None) -> Scheduler:
         schedule = named[schedule]()
     elif not hasattr(schedule, "choose") or not hasattr(schedule, "init"):
         raise OptionError("schedule", f"must be a name or have init() and choose(); got {schedule!r}")
+    schedule = guarded(schedule)
     return schedule if prog is None else bind(schedule, prog)
 
 

@@ -163,6 +163,74 @@ class Fair:
         return f"Fair({self.inner!r})"
 
 
+class Guarded:
+    """A scheduler written outside pcbatch, its answers checked in the loop:
+    an index outside the program's blocks, or a block no lane waits at, runs
+    the earliest ready block instead (the pool would read a negative index
+    from the end of its queues while its switch clamped it: wrong lanes, wrong
+    results; a block without lanes would repeat forever). An answer that is
+    not an integer scalar is an `OptionError` when the machine is traced."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    @property
+    def name(self) -> str:
+        return getattr(self.inner, "name", type(self.inner).__name__)
+
+    @property
+    def follow(self) -> tuple[int, ...]:
+        return tuple(getattr(self.inner, "follow", ()))
+
+    def for_program(self, prog: Any) -> "Guarded":
+        follow = self.follow
+        bad = [b for b in follow if isinstance(b, bool) or not isinstance(b, (int, np.integer))
+               or not 0 <= b < prog.num_blocks]
+        if bad:
+            from pcbatch.errors import OptionError
+            raise OptionError("schedule", f"follow names blocks {bad[:5]} outside the program's "
+                                          f"{prog.num_blocks} blocks (0..{prog.num_blocks - 1})")
+        return Guarded(bind(self.inner, prog))
+
+    def init(self, num_blocks: int, num_lanes: int) -> Any:
+        return self.inner.init(num_blocks, num_lanes)
+
+    def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:
+        from pcbatch.errors import OptionError
+        answer = self.inner.choose(carry, frontier)
+        if not (isinstance(answer, tuple) and len(answer) == 2):
+            raise OptionError("schedule", f"{self.inner!r}.choose must return (block, carry), got {answer!r}")
+        block, new_carry = answer
+        if jax.tree_util.tree_structure(new_carry) != jax.tree_util.tree_structure(carry):
+            raise OptionError("schedule", f"{self.inner!r}.choose must return its carry in the structure init "
+                                          f"gave it: {jax.tree_util.tree_structure(carry)}, got "
+                                          f"{jax.tree_util.tree_structure(new_carry)}")
+        carry = new_carry
+        block = jnp.asarray(block)
+        if block.shape != () or not jnp.issubdtype(block.dtype, jnp.integer):
+            raise OptionError("schedule", f"{self.inner!r}.choose must return an integer scalar block index, "
+                                          f"got {block.dtype}{list(block.shape)}")
+        num_blocks = frontier.counts.shape[0]
+        earliest = frontier.earliest if frontier.earliest is not None else jnp.min(frontier.pc)
+        earliest = jnp.minimum(earliest, num_blocks).astype(frontier.counts.dtype)
+        ready = frontier.counts[jnp.clip(block, 0, num_blocks - 1)] > 0
+        ok = (block >= 0) & (block < num_blocks) & ready
+        return jnp.where(ok, block.astype(earliest.dtype), earliest), carry
+
+    def __call__(self, sim: Any) -> int:
+        return self.inner(sim)
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+
+def guarded(scheduler: Any) -> Any:
+    """`scheduler`, checked (`Guarded`) unless it is one of pcbatch's own."""
+    if isinstance(scheduler, Guarded) or type(scheduler).__module__.split(".")[0] == "pcbatch":
+        return scheduler
+    return Guarded(scheduler)
+
+
 def bind(scheduler: Any, prog: Any) -> Any:
     """The scheduler specialised to a program, for those that look at it."""
     return scheduler.for_program(prog) if hasattr(scheduler, "for_program") else scheduler

@@ -38,3 +38,86 @@ def test_every_schedule_gives_the_same_answers(case, schedules):
         got, status = f.with_schedule(schedule).checked(*args)
         assert not status.unfinished.any() and not status.overflow.any(), schedule
         assert_same(case, got, want)
+
+
+class _Wayward:
+    """A user's scheduler that answers `bad` every third step (out of range, or a block no lane waits at)."""
+
+    def __init__(self, bad):
+        self.bad = bad
+
+    def init(self, num_blocks, num_lanes):
+        import jax.numpy as jnp
+        return jnp.zeros((), jnp.int32)
+
+    def choose(self, step, frontier):
+        import jax.numpy as jnp
+        block = fsm.Earliest().choose((), frontier)[0]
+        bad = jnp.argmax(frontier.counts == 0) if self.bad == "idle" else self.bad
+        return jnp.where(step % 3 == 2, bad, block).astype(jnp.int32), step + 1
+
+
+@pytest.mark.parametrize("fork", [False, True])
+@pytest.mark.parametrize("bad", [-4, -1, 999, "idle"])
+def test_a_user_scheduler_answering_a_wrong_block_cannot_change_results(fork, bad):
+    """Found by trying users' schedulers: on the fork-join pool a negative answer read the
+    queues from their end while the block switch clamped it (fib returned 17 for 2), and a
+    block without lanes repeated forever. Wrong answers now run the earliest ready block."""
+    import jax.numpy as jnp
+    import numpy as np
+    import pcbatch
+
+    @pcbatch.autobatch(fork=fork)
+    def fib(n):
+        return n if n <= 1 else fib(n - 1) + fib(n - 2)
+
+    n = jnp.array([3, 7, 4, 5, 9, 1, 0, 6])
+    np.testing.assert_array_equal(fib.with_schedule(_Wayward(bad))(n), fib.reference(n))
+
+
+def test_a_user_scheduler_breaking_its_contract_is_a_named_error():
+    import jax.numpy as jnp
+    import pcbatch
+
+    @pcbatch.autobatch(fork=False)
+    def fib(n):
+        return n if n <= 1 else fib(n - 1) + fib(n - 2)
+
+    class Answer:
+        follow = ()
+
+        def __init__(self, how):
+            self.how = how
+
+        def init(self, num_blocks, num_lanes):
+            return ()
+
+        def choose(self, carry, frontier):
+            block = fsm.Earliest().choose((), frontier)[0]
+            return {"float": (block.astype(jnp.float32), carry), "vector": (block[None], carry),
+                    "none": None, "carry": (block, None)}[self.how]
+
+    n = jnp.array([3, 5])
+    for how, says in [("float", "integer scalar"), ("vector", "integer scalar"), ("none", r"\(block, carry\)"),
+                      ("carry", "its carry in the structure")]:
+        with pytest.raises(pcbatch.OptionError, match=says):
+            fib.with_schedule(Answer(how))(n)
+    far = Answer("float")
+    far.follow = (99,)
+    with pytest.raises(pcbatch.OptionError, match=r"follow names blocks \[99\]"):
+        fib.with_schedule(far)(n)
+
+
+def test_max_steps_past_the_step_counter_is_no_bound():
+    """`max_steps=2**31` overflowed the int32 step counter (JAX's OverflowError)."""
+    import jax.numpy as jnp
+    import numpy as np
+    import pcbatch
+
+    @pcbatch.autobatch(max_steps=2 ** 31)
+    def fib(n):
+        return n if n <= 1 else fib(n - 1) + fib(n - 2)
+
+    n = jnp.array([3, 7])
+    np.testing.assert_array_equal(fib(n), fib.reference(n))
+    np.testing.assert_array_equal(fib.with_options(fork=True)(n), fib.reference(n))
