@@ -62,6 +62,19 @@ def mode(leaves: list[Any]) -> str | None:
     return "mixed" if REVERSE and any(isinstance(x, REVERSE) for x in found) else "forward"
 
 
+def _trace_state_clean() -> Any:
+    """JAX's own test for "no transformation is tracing now" (private: looked up
+    once, guarded; without it every call counts as traced)."""
+    try:
+        from jax._src import core
+        return core.trace_state_clean
+    except (ImportError, AttributeError):
+        return lambda: False
+
+
+outside_transformations = _trace_state_clean()
+
+
 def captured(fn: Any, constants: tuple[tuple[str, Any], ...]) -> list[tuple[str, Any]]:
     """What a function captures besides its arguments, by name: its fixed
     `constants` (a functools.partial's arguments, a method's object) and its
