@@ -827,19 +827,28 @@ def _start_values(logdensity_fn: Callable) -> Callable:
     return jax.jit(jax.vmap(jax.value_and_grad(logdensity_fn)))
 
 
+@functools.lru_cache(maxsize=64)  # a trace costs ~0.3 ms: not on every call
+def _not_a_float_scalar(logdensity_fn: Callable, shape: tuple[int, ...], dtype: str) -> str:
+    """What `logdensity_fn` returns for one position, where that is not a float scalar, else ""."""
+    try:
+        out = jax.eval_shape(logdensity_fn, jax.ShapeDtypeStruct(shape, dtype))
+    except Exception:  # its own error, where the sampler traces it
+        return ""
+    if not isinstance(out, jax.ShapeDtypeStruct):
+        return type(out).__name__
+    return "" if out.shape == () and jnp.issubdtype(out.dtype, jnp.floating) else f"{out.dtype}{list(out.shape)}"
+
+
 def _check_start(logdensity_fn: Callable, x: jax.Array) -> None:
     """A chain whose log density or gradient is not finite where it starts
     never moves (every proposal's weight is NaN or its own is -inf): a named
     error, before sampling, where the positions are known. A log density that
     is not a float scalar is one wherever they are."""
     try:
-        out = jax.eval_shape(logdensity_fn, jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
-    except Exception:  # its own error, where the sampler traces it
-        out = None
-    if out is not None and (not isinstance(out, jax.ShapeDtypeStruct) or out.shape != ()
-                            or not jnp.issubdtype(out.dtype, jnp.floating)):
-        got = (f"{out.dtype}{list(out.shape)}" if isinstance(out, jax.ShapeDtypeStruct)
-               else type(out).__name__)
+        got = _not_a_float_scalar(logdensity_fn, x.shape[1:], x.dtype.name)
+    except TypeError:  # an unhashable callable: checked, not remembered
+        got = _not_a_float_scalar.__wrapped__(logdensity_fn, x.shape[1:], x.dtype.name)
+    if got:
         raise _invalid(f"logdensity_fn must return a float scalar for one position [{x.shape[-1]}], got {got}",
                        "sum the terms of the log density: jnp.sum(...) (jax.grad needs a scalar)")
     if _concrete(x) is None:
