@@ -98,6 +98,6 @@ def learn(f: Any, *sample_args: Any, encoding: str = "sort", trials: int = 1000,
 
 
 __all__ = [
-    "Agenda", "Auto", "Depth", "Earliest", "Fair", "ReturnsLast", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule",
+    "Agenda", "Auto", "Depth", "Earliest", "Fair", "Guarded", "ReturnsLast", "ExecGraph", "Frontier", "Policy", "QConfig", "Schedule",
     "Scheduler", "Simulation", "follow_order", "get_scheduler", "learn", "learn_from_graphs", "lower_bound", "record", "simulate",
 ]
