@@ -101,7 +101,7 @@ class Autobatched:
         if instance is None:
             return self
         key = ("method", id(instance))
-        cached = self._cache.get(key, lambda: None)
+        cached = self._cache.find(key)
         if cached is None or cached[0] is not instance:  # the id of an instance since collected
             cached = (instance, Autobatched(types.MethodType(self._original, instance), self.options))
             self._cache.put(key, cached)
@@ -337,7 +337,7 @@ class Autobatched:
         key = None
         if not kwargs and all(isinstance(a, jax.Array) for a in args):
             key = tuple(a.shape for a in args)
-            hit = self._cache.get(("bind", key), lambda: None)
+            hit = self._cache.find(("bind", key))
             if hit is not None:
                 return Bound(dict(zip(hit[0], args)), hit[1], hit[2])
         bound = bind(self.target, self.in_axes, tuple(args), kwargs)

@@ -227,6 +227,10 @@ class Cache:
             self._entries[key] = build()
         return self._entries[key]
 
+    def find(self, key: Hashable) -> Any:
+        """The entry for `key`, or None (nothing is built)."""
+        return self._entries.get(key)
+
     def put(self, key: Hashable, value: Any) -> None:
         """Replace the entry for `key` (a fork choice once measured)."""
         self._entries[key] = value

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pcbatch.errors import OptionError
 from pcbatch.ir.core import Return
 
 
@@ -187,7 +188,6 @@ class Guarded:
         bad = [b for b in follow if isinstance(b, bool) or not isinstance(b, (int, np.integer))
                or not 0 <= b < prog.num_blocks]
         if bad:
-            from pcbatch.errors import OptionError
             raise OptionError("schedule", f"follow names blocks {bad[:5]} outside the program's "
                                           f"{prog.num_blocks} blocks (0..{prog.num_blocks - 1})")
         return Guarded(bind(self.inner, prog))
@@ -196,7 +196,6 @@ class Guarded:
         return self.inner.init(num_blocks, num_lanes)
 
     def choose(self, carry: Any, frontier: Frontier) -> tuple[jax.Array, Any]:
-        from pcbatch.errors import OptionError
         answer = self.inner.choose(carry, frontier)
         if not (isinstance(answer, tuple) and len(answer) == 2):
             raise OptionError("schedule", f"{self.inner!r}.choose must return (block, carry), got {answer!r}")
@@ -211,8 +210,7 @@ class Guarded:
             raise OptionError("schedule", f"{self.inner!r}.choose must return an integer scalar block index, "
                                           f"got {block.dtype}{list(block.shape)}")
         num_blocks = frontier.counts.shape[0]
-        earliest = frontier.earliest if frontier.earliest is not None else jnp.min(frontier.pc)
-        earliest = jnp.minimum(earliest, num_blocks).astype(frontier.counts.dtype)
+        earliest = jnp.minimum(Earliest().choose((), frontier)[0], num_blocks).astype(frontier.counts.dtype)
         ready = frontier.counts[jnp.clip(block, 0, num_blocks - 1)] > 0
         ok = (block >= 0) & (block < num_blocks) & ready
         return jnp.where(ok, block.astype(earliest.dtype), earliest), carry

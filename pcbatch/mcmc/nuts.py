@@ -844,10 +844,7 @@ def _check_start(logdensity_fn: Callable, x: jax.Array) -> None:
     never moves (every proposal's weight is NaN or its own is -inf): a named
     error, before sampling, where the positions are known. A log density that
     is not a float scalar is one wherever they are."""
-    try:
-        got = _not_a_float_scalar(logdensity_fn, x.shape[1:], x.dtype.name)
-    except TypeError:  # an unhashable callable: checked, not remembered
-        got = _not_a_float_scalar.__wrapped__(logdensity_fn, x.shape[1:], x.dtype.name)
+    got = _not_a_float_scalar(logdensity_fn, x.shape[1:], x.dtype.name)
     if got:
         raise _invalid(f"logdensity_fn must return a float scalar for one position [{x.shape[-1]}], got {got}",
                        "sum the terms of the log density: jnp.sum(...) (jax.grad needs a scalar)")
