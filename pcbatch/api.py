@@ -5,18 +5,17 @@ import dataclasses
 import functools
 import inspect
 import types
-import warnings
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import checkify
 
-from pcbatch import _context, differentiation, failures
+from pcbatch import _context, call, differentiation, failures
 from pcbatch import sharding as _sharding
 from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, reference_call, target_of
-from pcbatch.compile import Cache, Executable, Signature, block_ir, executable, first_stack_depth, measure_fork
+from pcbatch.call import Function
+from pcbatch.compile import Cache, Executable, block_ir
 from pcbatch.errors import ArgumentError, Loc, OptionError, UnsupportedSyntaxError
 from pcbatch.frontend import BoundFunction
 from pcbatch.fsm import Policy, get_scheduler
@@ -25,7 +24,7 @@ from pcbatch.ir.interpret import Trace, run_stack_program
 from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.options import Options
 from pcbatch.runtime import Status
-from pcbatch.runtime.grad import DEFAULT_TAPE_SIZE, TapeInfo, is_float
+from pcbatch.runtime.grad import DEFAULT_TAPE_SIZE, TapeInfo
 from pcbatch.runtime.run import trace_steps
 from pcbatch.runtime.steps import StepTrace
 
@@ -88,10 +87,11 @@ class Autobatched:
         self.fn = self.target.fn  # the Python function whose source is converted
         self._original = fn
         self.scheduler = get_scheduler(self.schedule)
-        self._sharding = None if self.mesh is None else _sharding.BatchSharding.of(self.mesh, self.axis_name)
         self.signature = self.target.signature
         self._cache = Cache()  # the pipeline's stages (pcbatch/compile.py), and this object's copies
         self.trace_count = 0  # machines traced so far; a cache hit does not add one
+        sharding = None if self.mesh is None else _sharding.BatchSharding.of(self.mesh, self.axis_name)
+        self._function = Function(self.target, self._callee, self.options, self._cache, sharding, self._traced)
 
     def __repr__(self) -> str:
         return f"<autobatched {self.fn.__qualname__}>"
@@ -143,20 +143,14 @@ class Autobatched:
                 Loc(self.fn.__code__.co_filename, self.fn.__code__.co_firstlineno),
                 "call it directly in the body of an autobatched function, not from an ordinary "
                 "helper function, lambda or comprehension.")
-        bound = self._bind(args, kwargs)
-        result, status, prog, batch = self._run(bound, raise_errors=True)
-        if any(differentiation.is_tracer(x) for x in tree_util.tree_leaves((result, status))):
-            return failures.check_in_trace(result, status, prog)
-        failures.raise_for(status, prog, bound, self.options)
-        return result
+        return call.call(self._function, self._bind(args, kwargs))
 
     def checked(self, *args: Any, **kwargs: Any) -> tuple[Any, Status]:
         """Like calling, but returns `(result, status)` instead of raising, so it
         can be used inside `jax.jit`: `status.overflow`, `status.unfinished` and
         `status.failed` (where Python raises: 1 + the `Fail` block, else 0) are
         per-example flags; results of flagged examples are not meaningful."""
-        result, status, _, _ = self._run(self._bind(args, kwargs))
-        return result, status
+        return call.checked(self._function, self._bind(args, kwargs))
 
     def tape_info(self, *args: Any, **kwargs: Any) -> TapeInfo:
         """The gradient tape a differentiated call on these arguments records
@@ -190,7 +184,7 @@ class Autobatched:
         """Run the original Python one example at a time (the test oracle)."""
         bound = self._bind(args, kwargs)
         if bound.batch == 0:
-            return self._run_empty(bound)[0]
+            return call.run_empty(self._function, bound)[0]
         outs = []
         with _context.in_python_mode():
             for i in range(bound.batch):
@@ -314,12 +308,6 @@ class Autobatched:
         key = schedule if isinstance(schedule, str) else id(schedule)  # the copy keeps the object alive
         return self._cache.get(("schedule", key), lambda: self.with_options(schedule=schedule))
 
-    def _shallow_copy(self, depth: int) -> "Autobatched":
-        """This function on pool stacks of `depth` frames (`first_stack_depth`)."""
-        copy = self.with_options(max_stack_depth=depth, fork=True)
-        copy._traced = self._traced  # its machines count as this function's
-        return copy
-
     def with_options(self, **options: Any) -> "Autobatched":
         """A copy with some of `autobatch`'s options changed, e.g.
         `tree_lstm.with_options(fork=False)` for one lane per example
@@ -331,165 +319,13 @@ class Autobatched:
     # --- internals -------------------------------------------------------
 
     def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Bound:
-        """`arguments.bind`, remembered for positional JAX arrays that it
-        passes through as they are: what it does depends only on their
-        shapes (and the fixed `in_axes`), and it costs 20-40 us a call."""
-        key = None
-        if not kwargs and all(isinstance(a, jax.Array) for a in args):
-            key = tuple(a.shape for a in args)
-            hit = self._cache.find(("bind", key))
-            if hit is not None:
-                return Bound(dict(zip(hit[0], args)), hit[1], hit[2])
-        bound = bind(self.target, self.in_axes, tuple(args), kwargs)
-        if key is not None and len(bound.values) == len(args) and all(
-                v is a for v, a in zip(bound.values.values(), args)):
-            self._cache.put(("bind", key), (tuple(bound.values), bound.batched, bound.batch))
-        return bound
+        return self._function.bind(args, kwargs)
 
     def _executable(self, bound: Bound) -> tuple[Executable, dict[str, Any]]:
-        """The compiled machine for this call's signature (compiled on the
-        first call: `pcbatch.compile`), and its inputs by entry parameter."""
-        params = list(bound.values)
-        values = [bound.values[p] for p in params]
-        sharding = _sharding.current(self._sharding)
-        _sharding.check_global_inputs(sharding, tree_util.tree_leaves(values))
-        sig = Signature.of(tuple(not bound.batched[p] for p in params), bound.batch, sharding, values)
-        traced = any(map(differentiation.is_tracer, tree_util.tree_leaves(values)))
-        exe = executable(self.target, self._callee, sig, self.options, self._cache, traced, self._traced)
-        return exe, self._inputs(exe, bound)
-
-    @staticmethod
-    def _inputs(exe: Executable, bound: Bound) -> dict[str, Any]:
-        """The call's values by `exe`'s entry parameter (bound in parameter order)."""
-        return dict(zip(exe.prog.entry_params, bound.values.values()))
+        return self._function.executable(bound)
 
     def _traced(self) -> None:
         self.trace_count += 1
-
-    def _run(self, bound: Bound, raise_errors: bool = False) -> tuple[Any, Status, StackProgram | None, int]:
-        if bound.batch == 0:
-            return (*self._run_empty(bound), None, 0)
-        self._check_captured()
-        exe, inputs = self._executable(bound)
-        prog, batch = exe.prog, bound.batch
-        leaves = tree_util.tree_leaves(inputs)
-        tracing = any(differentiation.is_tracer(x) for x in leaves)
-        # Forward mode alone differentiates the plain machine (JAX's jvp of a while loop: no
-        # tape); anything else that may be differentiated goes through `grad.Differentiable`.
-        if tracing:
-            with warnings.catch_warnings():
-                # Under an eager jax.vmap the runner's workspace cannot be donated: only a hint lost.
-                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                if differentiation.mode(leaves) != "forward" and is_float(inputs):
-                    result, status = self._run_differentiable(exe, inputs, bound, raise_errors)
-                else:
-                    result, status, _ = self._runner(exe, raise_errors)(inputs, exe.new_workspace())
-            return result, status, prog, batch
-        if exe.fork_choice is not None and exe.fork_choice.measure:
-            def run(e: Executable) -> None:
-                jax.block_until_ready(self._run_pool(e, bound, True)[0])
-
-            exe = measure_fork(self.target, self._callee, exe.signature, self.options, self._cache, run,
-                               self._traced)
-        result, status, prog = self._run_pool(exe, bound, raise_errors)
-        return result, status, prog, batch
-
-    def _check_captured(self) -> None:
-        """A value the program captures (a closure's variable, a functools.partial's
-        or a method's `self`) is a constant of the program: one being
-        reverse-differentiated (`jax.grad` of the caller with respect to it)
-        has no argument for its cotangent to reach. A named error, not JAX's.
-        (Only under a transformation: a NUTS call's closure takes ~40 us to walk.)"""
-        if differentiation.outside_transformations():
-            return
-        for name, value in differentiation.captured(self.target.fn, self.target.constants):
-            found = differentiation.tracers(tree_util.tree_leaves(value))
-            if differentiation.REVERSE and any(isinstance(x, differentiation.REVERSE) for x in found):
-                raise ArgumentError(
-                    self.__name__, f"`{name}` is captured by the function (a closure variable, a functools.partial "
-                                   "argument or a method's object) and differentiated in reverse mode: pcbatch "
-                                   "differentiates only the call's arguments",
-                    "pass the differentiated values as an argument with in_axes=None (shared by the batch): "
-                    "`autobatch(f, in_axes=(None, 0))(params, x)` with `def f(params, x)` (a method: a function "
-                    "taking the object's parameters as its first argument). jax.jit, jax.vmap and forward mode "
-                    "(jax.jvp) work with captured values too.")
-
-    def _run_pool(self, exe: Executable, bound: Bound, plain_call: bool) -> tuple[Any, Status, StackProgram]:
-        """Run `exe` eagerly. Where the stack budget caps its pool, first on shallow stacks
-        (`first_stack_depth`: more lanes in the same memory), and again on full ones only if a lane
-        overflowed; a signature whose shallow runs overflow more than one time in eight stops trying."""
-        if exe.shallow_depth < 0:
-            exe.shallow_depth = (first_stack_depth(exe.prog, exe.signature.local_batch, self.options)
-                                 if exe.signature.sharding is None else 0)
-        if exe.shallow_depth > 0:
-            shallow = self._cache.get(("shallow", exe.shallow_depth), lambda: self._shallow_copy(exe.shallow_depth))
-            s_exe, s_inputs = shallow._executable(bound)
-            result, status = shallow._run_eagerly(s_exe, s_inputs, plain_call)
-            exe.shallow_tries += 1
-            if not np.any(np.asarray(status.overflow)):
-                return result, status, s_exe.prog
-            exe.shallow_misses += 1
-            if exe.shallow_misses * 8 > exe.shallow_tries:
-                exe.shallow_depth, s_exe.workspace = 0, None  # its stacks are not kept
-        result, status = self._run_eagerly(exe, self._inputs(exe, bound), plain_call)
-        return result, status, exe.prog
-
-    def _run_eagerly(self, exe: Executable, inputs: dict[str, Any], plain_call: bool) -> tuple[Any, Status]:
-        """Run `exe` outside any trace, on its own stacks (one workspace per
-        compiled signature, donated from call to call)."""
-        workspace, exe.workspace = exe.workspace, None
-        if workspace is None:
-            workspace = exe.new_workspace()
-        result, status, exe.workspace = self._runner(exe, plain_call)(inputs, workspace)
-        return result, status
-
-    @staticmethod
-    def _runner(exe: Executable, plain_call: bool) -> Callable:
-        """A plain call (not `checked`) never shows `status.blocks_run`: its
-        machine need not count blocks (`Executable.lean_runner`)."""
-        return exe.lean_runner if plain_call else exe.runner
-
-    def _run_empty(self, bound: Bound) -> tuple[Any, Status]:
-        """0 examples: empty results of the shapes and dtypes one example gives (as `jax.vmap`)."""
-        names = list(bound.values)
-
-        def one(values: list[Any]) -> tuple[Any, Status]:
-            # A list, not a dict: pytrees sort dict keys, and the parameters' order matters.
-            result, status, _, _ = self._run(Bound(dict(zip(names, values)), bound.batched, 1))
-            return result, status
-
-        ones = [tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((1,) + np.shape(x)[1:], jnp.result_type(x)), v)
-                if bound.batched[p] else v for p, v in bound.values.items()]
-        shapes = jax.eval_shape(one, ones)
-        return tree_util.tree_map(lambda s: jnp.zeros((0,) + s.shape[1:], s.dtype), shapes)
-
-    def _run_differentiable(self, exe: Executable, inputs: dict[str, Any], bound: Bound,
-                            raise_errors: bool) -> tuple[Any, Status]:
-        """The machine under `grad.Differentiable`'s custom_jvp: the plain
-        machine unless differentiated; then a recorded forward and a replayed
-        backward. Errors of a concretely evaluated forward (eager `jax.grad`)
-        are raised there."""
-        prog, batch = exe.prog, exe.batch
-
-        def primal(inputs: dict[str, Any]) -> tuple[Any, Status]:
-            result, status, _ = self._runner(exe, raise_errors)(inputs, exe.new_workspace())
-            return result, status
-
-        sharding = exe.signature.sharding
-        if sharding is not None and sharding.multi_process:  # no sharded gradient machine yet: a named error
-            return sharding.undifferentiable(primal)(inputs)
-
-        def check(status: Status, inputs: dict[str, Any]) -> None:
-            if raise_errors:  # `bound` holds tracers here, `inputs` concrete values
-                names = dict(zip(prog.entry_params, bound.values))  # jax sorts dict keys
-                concrete = Bound({p: inputs[q] for q, p in names.items()}, bound.batched, batch)
-                failures.raise_for(status, prog, concrete, self.options)
-
-        result, status, need = exe.gradient_machine()(inputs, primal, check)
-        # A tape that overflowed inside jit could not grow: its gradients are NaN.
-        checkify.check(need == 0, "pcbatch: the gradient tape overflowed; pass tape_size={need} or more to "
-                       "pcbatch.autobatch (rows per block per example; see f.tape_info)", need=need, debug=True)
-        return result, status
 
 
 def autobatch(fn: Callable | None = None, *, options: Options | None = None, **changes: Any) -> Any:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import pcbatch
+from pcbatch import call
 from pcbatch.compile import frame_bytes
 
 
@@ -23,7 +24,7 @@ def leaves(n):
 
 
 def shallow(f):
-    """The copy of `f` its eager calls ran on shallow stacks, or None."""
+    """The `pcbatch.call.Function` (`f` on shallow stacks) its eager calls ran, or None."""
     copies = f._cache.of_kind("shallow")
     assert len(copies) <= 1
     return copies[0] if copies else None
@@ -47,7 +48,7 @@ def test_shallow_stacks_buy_lanes_where_the_budget_caps_the_pool():
         assert not np.any(np.asarray(status.overflow))
         assert int(np.max(np.asarray(status.peak_lanes))) > 8   # more than the full-depth pool holds
     np.testing.assert_array_equal(f(x), 2 ** np.asarray(x))
-    assert shallow(f).max_stack_depth == 16 and f.executable(x)[0].shallow_misses == 0
+    assert shallow(f).options.max_stack_depth == 16 and f.executable(x)[0].shallow_misses == 0
 
 
 def test_a_lane_that_overflows_the_shallow_stacks_reruns_on_full_ones():
@@ -58,8 +59,9 @@ def test_a_lane_that_overflows_the_shallow_stacks_reruns_on_full_ones():
     out, status = f.checked(x)
     assert not np.any(np.asarray(status.overflow))
     np.testing.assert_array_equal(out, leaves.reference(x))
-    assert shallow(f).max_stack_depth == 3
-    assert np.all(np.asarray(shallow(f).checked(x)[1].overflow)[[0, 1, 3]])   # they did overflow
+    assert shallow(f).options.max_stack_depth == 3
+    on_shallow = call.checked(shallow(f), shallow(f).bind((x,), {}))[1]
+    assert np.all(np.asarray(on_shallow.overflow)[[0, 1, 3]])   # they did overflow
     exe = f.executable(x)[0]
     assert exe.shallow_depth == 0   # shallow runs that overflow from the start are not tried again
     for _ in range(2):
@@ -118,4 +120,4 @@ def test_fork_programs_on_shallow_stacks(name, first_depth):
         out, status = f.checked(*args)
         assert not np.any(np.asarray(status.overflow)) and not np.any(np.asarray(status.unfinished))
         assert_same(out, want, name)
-    assert shallow(f).max_stack_depth == first_depth
+    assert shallow(f).options.max_stack_depth == first_depth

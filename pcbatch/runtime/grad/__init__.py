@@ -94,7 +94,7 @@ JAX's transformations compose: forward mode (`jax.jvp`, `jax.jacfwd`,
 reverse mode transposes it, forward over reverse (`jax.hessian`) is JAX's jvp
 of the backward loop, `vmap` batches both sides. Reverse over reverse would
 transpose the backward `while_loop`, which JAX cannot (its own error). Eager forward mode alone
-skips the tape: `pcbatch/api.py` runs the plain machine under JAX's jvp.
+skips the tape: `pcbatch/call.py` runs the plain machine under JAX's jvp.
 
 Constants whose values depend on no float input (a `jnp.zeros` of a
 parameter's shape) enter the VJPs as plain values: no cotangent is computed
