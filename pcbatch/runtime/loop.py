@@ -8,14 +8,15 @@ import jax.numpy as jnp
 from jax import lax
 
 
-def _no_observer(state: Any, block: jax.Array) -> jax.Array:
+def _no_observer(state: Any, block: jax.Array, lanes: jax.Array) -> jax.Array:
     return block
 
 
 def while_loop_recorded(cond, step, init: Any, recorder: Any = None) -> tuple[Any, Any]:
     """`lax.while_loop(cond, body)` where `step(state, observe)` returns
-    `(new_state, info)` and calls `block = observe(state, block)` once the
-    step's block is chosen, before it reads or updates anything with it.
+    `(new_state, info)` and calls `block = observe(state, block, lanes)` once
+    the step's block and the lanes it runs (dense, then `num_lanes`: none) are
+    chosen, before it reads or updates anything with them.
     With a `recorder` (gradients, `grad/recorder.py`) its tape rides along:
     `recorder.before` reads the pre-step state there, and the block comes
     back data-dependent on what it wrote (every in-place update of the step
@@ -29,8 +30,8 @@ def while_loop_recorded(cond, step, init: Any, recorder: Any = None) -> tuple[An
         state, tape = carry
         seen = {}
 
-        def observe(state, block):
-            tape_, taken, dep = recorder.before(tape, state, block)
+        def observe(state, block, lanes):
+            tape_, taken, dep = recorder.before(tape, state, block, lanes)
             # The block index depends on what the recorder wrote (`dep` never
             # equals the minimum; XLA cannot know): the step's updates wait for
             # its reads. (An optimization barrier is expanded away on CPU.)

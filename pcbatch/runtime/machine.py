@@ -359,7 +359,9 @@ class Machine:
             # Clamped after the reduction: no elementwise pass over the lanes first (a kernel per step).
             earliest = jnp.minimum(jnp.min(before), halt)
             block, sched = self.scheduler.choose(state.sched, Frontier(pc, counts, depth, earliest))
-            block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
+            block = block.astype(pc.dtype)  # schedulers may answer in int32
+            # The lanes only a recorder reads (the step runs all of them, masked): XLA drops them otherwise.
+            block = observe(state, block, self.lanes_at(state, block))
             if light and carry:
                 state = self._carried_switch_step(slot[block] if some_elsewhere else block, branches, carried, state)
             elif light:

@@ -579,9 +579,10 @@ class PoolMachine:
             sched_pc = jnp.where((pc >= 0) & (pc < halt), pc, halt)
             depth = column(state.lane, col["depth"])
             block, sched = self.scheduler.choose(state.sched, Frontier(sched_pc, count, depth, jnp.argmax(count > 0)))
-            block = observe(state, block.astype(pc.dtype))  # schedulers may answer in int32
-            n = jnp.minimum(count[block], N)
+            block = block.astype(pc.dtype)  # schedulers may answer in int32
             ids = self.lanes_at(state, block)
+            block = observe(state, block, ids)
+            n = jnp.minimum(count[block], N)
             queues = Queues(queues.lanes, queues.head.at[block].set((queues.head[block] + n) % M),
                             count.at[block].add(-n))
             free_top = state.free.top

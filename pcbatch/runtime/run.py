@@ -61,7 +61,7 @@ def trace_steps(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, conf
 
     @jax.jit
     def run(inputs):
-        recorder = StepRecorder(prog.num_blocks, machine.width, size, per_lane, machine.lanes_at)
+        recorder = StepRecorder(prog.num_blocks, machine.width, size, per_lane)
         result, status, _, tape = run_machine(prog, inputs, num_lanes, config, recorder=recorder)
         return result, status, tape
 

@@ -23,11 +23,10 @@ class StepRecorder:
     """Per-step records of up to `size` steps of a machine whose steps run at
     most `width` lanes of the chosen block (later steps are counted, not kept);
     with `per_lane`, also every lane's pc before each step and the lanes it
-    ran (`lanes_at(state, block)`, the machine's own choice)."""
+    ran (the machine hands them to `before`)."""
 
-    def __init__(self, num_blocks: int, width: int, size: int, per_lane: bool = False, lanes_at: Any = None):
+    def __init__(self, num_blocks: int, width: int, size: int, per_lane: bool = False):
         self.num_blocks, self.width, self.size, self.per_lane = num_blocks, width, size, per_lane
-        self.lanes_at = lanes_at
 
     def init(self, state: dict[str, Any]) -> dict[str, jax.Array]:
         idx = index_dtype()
@@ -40,7 +39,7 @@ class StepRecorder:
             tape["ran"] = jnp.zeros((self.size,) + state.pc.shape, bool)
         return tape
 
-    def before(self, tape: dict[str, jax.Array], pre: dict[str, Any], block: jax.Array):
+    def before(self, tape: dict[str, jax.Array], pre: Any, block: jax.Array, lanes: jax.Array):
         nb, pc = self.num_blocks, pre.pc
         # Ready lanes wait at a block; halted, done, free and blocked lanes sit outside [0, nb).
         counts = jnp.zeros((nb,), pc.dtype).at[jnp.where((pc >= 0) & (pc < nb), pc, nb)].add(1, mode="drop")
@@ -52,7 +51,7 @@ class StepRecorder:
                "counts": tape["counts"].at[at].set(counts, mode="drop")}
         if self.per_lane:
             new["pc"] = tape["pc"].at[at].set(pc, mode="drop")
-            ran = jnp.zeros(pc.shape, bool).at[self.lanes_at(pre, block)].set(True, mode="drop")
+            ran = jnp.zeros(pc.shape, bool).at[lanes].set(True, mode="drop")
             new["ran"] = tape["ran"].at[at].set(ran, mode="drop")
         return new, None, new["t"]
 

@@ -85,7 +85,6 @@ class Plan:
         self.lanes = machine.lanes
         self.depth = machine.depth
         self.rec_width = machine.width if self.pool else machine.lanes  # rows one recorded step writes
-        self.lanes_at = machine.lanes_at
         self.widths = list(machine.widths)  # row buckets: the pool's widths, or halving from all lanes
         self.switched = machine.tuning.grad_switched()  # one lax.switch a step, not a lax.cond per block
         if self.pool:

@@ -26,9 +26,9 @@ class Recorder:
     def init(self, state: Any) -> Tape:
         return self.plan.empty_tape()
 
-    def before(self, tape: Tape, pre: Any, block: jax.Array) -> tuple[Tape, dict, jax.Array]:
+    def before(self, tape: Tape, pre: Any, block: jax.Array, ids: jax.Array) -> tuple[Tape, dict, jax.Array]:
+        """`ids`: the lanes the step runs, as the machine picked them (dense, then `lanes`)."""
         p = self.plan
-        ids = p.lanes_at(pre, block)  # the lanes the step runs, as the machine picks them
         n = jnp.sum(ids < p.lanes, dtype=ids.dtype)
         recorded = (jnp.asarray(p.dense)[block] >= 0) & (n > 0)  # the backward pads with row 0: a real one
         t = tape.t
