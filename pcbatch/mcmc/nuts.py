@@ -675,6 +675,7 @@ def leaf_block(prog: Any) -> int:
 def _cached(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_depth, leapfrogs_per_leaf,
             max_delta_energy, uturn_criterion, step_axis, mass_axis, schedule, adaptation="step_size",
             progress=False, leaves_per_step=2):
+    logdensity_fn, schedule = _unkey(logdensity_fn), _unkey(schedule)
     run_chains = _make_program(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_depth,
                                leapfrogs_per_leaf, max_delta_energy, uturn_criterion, adaptation, progress,
                                leaves_per_step)
@@ -724,9 +725,9 @@ def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, t
         raise _invalid(f"target_accept must be in (0, 1), got {target_accept}")
     if leaves_per_step not in (1, 2, 4, 8):
         raise _invalid(f"leaves_per_step must be 1, 2, 4 or 8 (or 'auto' in `sample`), got {leaves_per_step!r}")
-    return _cached(logdensity_fn, int(num_samples), int(num_warmup), float(target_accept), int(max_tree_depth),
+    return _cached(_key(logdensity_fn), int(num_samples), int(num_warmup), float(target_accept), int(max_tree_depth),
                    int(leapfrogs_per_leaf), float(max_delta_energy), uturn_criterion,
-                   0 if per_chain_step_size else None, 0 if per_chain_mass else None, schedule,
+                   0 if per_chain_step_size else None, 0 if per_chain_mass else None, _key(schedule),
                    adaptation if num_warmup > 0 else "step_size", bool(progress), int(leaves_per_step))
 
 
@@ -798,15 +799,45 @@ def _gradient_cost(logdensity_fn: Callable, initial_positions: Any) -> tuple[int
     """Chains, coordinates and XLA's flop count of one gradient (None where the backend has no cost model)."""
     x = initial_positions if isinstance(initial_positions, jax.Array) else jnp.asarray(initial_positions)
     chains = x.shape[0] if x.ndim == 2 else 1
-    return chains, x.shape[-1], _gradient_flops(logdensity_fn, x.shape[-1], jnp.dtype(x.dtype).name)
+    return chains, x.shape[-1], _gradient_flops(_key(logdensity_fn), x.shape[-1], jnp.dtype(x.dtype).name)
 
 
 @functools.lru_cache(maxsize=64)
 def _gradient_flops(logdensity_fn: Callable, dim: int, dtype: str) -> float | None:
     one = jax.ShapeDtypeStruct((dim,), dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32)
-    cost = jax.jit(jax.value_and_grad(logdensity_fn)).lower(one).cost_analysis()
+    cost = jax.jit(jax.value_and_grad(_unkey(logdensity_fn))).lower(one).cost_analysis()
     flops = (cost or {}).get("flops")
     return None if flops is None else float(flops)
+
+
+class _ByIdentity:
+    """An unhashable log density or scheduler (an object with `__eq__` and no hash: a
+    dataclass, an Equinox module holding arrays) as a cache key: by identity, as
+    `jax.jit` keys functions. The cache keeps it alive, so its id is not reused."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _ByIdentity) and other.obj is self.obj
+
+
+def _key(obj: Any) -> Any:
+    """`obj` as a key of the sampler's caches."""
+    try:
+        hash(obj)
+    except TypeError:
+        return _ByIdentity(obj)
+    return obj
+
+
+def _unkey(key: Any) -> Any:
+    return key.obj if isinstance(key, _ByIdentity) else key
 
 
 def _invalid(message: str, hint: str = "") -> pcbatch.ArgumentError:
@@ -824,14 +855,14 @@ def _concrete(x: Any) -> np.ndarray | None:
 
 @functools.lru_cache(maxsize=64)
 def _start_values(logdensity_fn: Callable) -> Callable:
-    return jax.jit(jax.vmap(jax.value_and_grad(logdensity_fn)))
+    return jax.jit(jax.vmap(jax.value_and_grad(_unkey(logdensity_fn))))
 
 
 @functools.lru_cache(maxsize=64)  # a trace costs ~0.3 ms: not on every call
 def _not_a_float_scalar(logdensity_fn: Callable, shape: tuple[int, ...], dtype: str) -> str:
     """What `logdensity_fn` returns for one position, where that is not a float scalar, else ""."""
     try:
-        out = jax.eval_shape(logdensity_fn, jax.ShapeDtypeStruct(shape, dtype))
+        out = jax.eval_shape(_unkey(logdensity_fn), jax.ShapeDtypeStruct(shape, dtype))
     except Exception:  # its own error, where the sampler traces it
         return ""
     if not isinstance(out, jax.ShapeDtypeStruct):
@@ -844,13 +875,13 @@ def _check_start(logdensity_fn: Callable, x: jax.Array) -> None:
     never moves (every proposal's weight is NaN or its own is -inf): a named
     error, before sampling, where the positions are known. A log density that
     is not a float scalar is one wherever they are."""
-    got = _not_a_float_scalar(logdensity_fn, x.shape[1:], x.dtype.name)
+    got = _not_a_float_scalar(_key(logdensity_fn), x.shape[1:], x.dtype.name)
     if got:
         raise _invalid(f"logdensity_fn must return a float scalar for one position [{x.shape[-1]}], got {got}",
                        "sum the terms of the log density: jnp.sum(...) (jax.grad needs a scalar)")
     if _concrete(x) is None:
         return
-    logp, grad = _start_values(logdensity_fn)(x)
+    logp, grad = _start_values(_key(logdensity_fn))(x)
     logp, grad = np.asarray(logp), np.asarray(grad)
     bad = ~np.isfinite(logp) | ~np.isfinite(grad).reshape(len(grad), -1).all(axis=1)
     if bad.any():

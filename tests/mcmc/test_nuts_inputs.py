@@ -127,3 +127,30 @@ def test_a_log_density_that_is_not_a_float_scalar_is_a_named_error(logdensity, g
     """It was JAX's TypeError from inside the sampler's gradient."""
     with pytest.raises(pcbatch.ArgumentError, match="must return a float scalar .*, got " + got):
         nuts.sample(logdensity, jnp.zeros((2, 2)), KEY, step_size=0.4, num_samples=3)
+
+
+class ScaledGaussian:
+    """A model object as users write them: a dataclass-like class with `__eq__` and no hash
+    (so `__hash__` is None), holding an array, as a log density."""
+    __hash__ = None
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __eq__(self, other):
+        return isinstance(other, ScaledGaussian) and bool(jnp.all(self.scale == other.scale))
+
+    def __call__(self, x):
+        return -0.5 * jnp.sum((x / self.scale) ** 2)
+
+
+def test_an_unhashable_log_density_samples_like_a_function():
+    scale = jnp.array([1.0, 3.0])
+    model = ScaledGaussian(scale)
+    run = lambda f: nuts.sample(f, jnp.zeros((3, 2)), KEY, step_size=0.5, num_samples=6)  # noqa: E731
+    out = run(model)
+    np.testing.assert_allclose(np.asarray(out.position), np.asarray(run(lambda x: model(x)).position), rtol=1e-6)
+    again = run(model)  # the compiled program is reused, by identity
+    np.testing.assert_array_equal(np.asarray(again.position), np.asarray(out.position))
+    other = run(ScaledGaussian(jnp.array([1.0, 0.1])))  # another object: another program
+    assert not np.allclose(np.asarray(other.position), np.asarray(out.position))
