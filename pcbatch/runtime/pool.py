@@ -61,7 +61,7 @@ from pcbatch.ir.core import (
 from pcbatch.ir.flow import lane_successors, return_targets
 from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
-from pcbatch.runtime.state import FreeLanes, PoolState, Queues
+from pcbatch.runtime.state import FreeLanes, LaneColumns, PoolState, Queues
 from pcbatch.runtime.lanes import (DROP, FILL, cast_to, column, gather_rows, pad_rows, scatter_rows, with_columns,
                                    zeros_of)
 from pcbatch.runtime.config import MachineConfig, Status
@@ -197,26 +197,13 @@ class PoolMachine:
         self.num_slots = max(1, max(len(ts) for ts in self.successors))
         self.successor_table = jnp.asarray([ts + [nb] * (self.num_slots - len(ts)) for ts in self.successors],
                                            index_dtype())
-        self._columns()
+        self.col = LaneColumns.of(self.stacks, self.fan)
 
     # --- state -----------------------------------------------------------
     #
-    # Each lane's small integers live in one table, `lane[M, C]`, so a step
-    # gathers and scatters them as one row: pc stack pointer, blocks run,
-    # parent lane (-1: an example's root lane), pending children, poisoned
-    # (a descendant overflowed), example, the list of its launched children
-    # (first and last lane, each child's next sibling; M ends it), whether it
-    # stopped launching for want of lanes, one stack pointer per stack, and
-    # the lanes of a Fork's outstanding children. The pc stays separate (the
-    # status, and the schedulers that look at every lane, read it).
-
-    def _columns(self) -> None:
-        names = ["pc_sp", "depth", "parent", "pending", "poison", "example", "kid_head", "kid_tail", "sibling",
-                 "stalled"] + [f"sp:{s}" for s in self.stacks]
-        self.col = {n: k for k, n in enumerate(names)}
-        self.kids = slice(len(names), len(names) + self.fan)
-        self.kid_cols = range(self.kids.start, self.kids.stop)
-        self.num_cols = len(names) + self.fan
+    # Each lane's small integers live in one table, `lane[M, C]` (columns:
+    # `LaneColumns`). The pc stays separate (the status, and the schedulers
+    # that look at every lane, read it).
 
     def workspace_shapes(self) -> dict[str, Any]:
         """The stacks, and every other per-lane array of the state: donated from call to call, the
@@ -228,7 +215,7 @@ class PoolMachine:
         return {**self.layout.workspace_shapes(self.depth, M),
                 "regs": {v: lanes(self.prog.var_types[v]) for v in self.stored},
                 "pc": jax.ShapeDtypeStruct((M,), idx),
-                "lane": jax.ShapeDtypeStruct((M, self.num_cols), idx),
+                "lane": jax.ShapeDtypeStruct((M, self.col.count), idx),
                 "queues": jax.ShapeDtypeStruct((self.prog.num_blocks, M), idx),
                 "free": jax.ShapeDtypeStruct((M,), idx),
                 "claim": jax.ShapeDtypeStruct((M,), idx)}
@@ -284,10 +271,9 @@ class PoolMachine:
         """Lane-table rows of children started by `parents` (any shape): a
         fresh bottom frame, no children of their own."""
         M, col, idx = self.lanes, self.col, index_dtype()
-        values = {col["pc_sp"]: 1, col["parent"]: parents, col["depth"]: depth, col["example"]: example,
-                  **{col[name]: M for name in ("kid_head", "kid_tail", "sibling")},
-                  **dict.fromkeys(self.kid_cols, M)}
-        return with_columns(jnp.zeros(parents.shape + (self.num_cols,), idx), values)
+        values = {col.pc_sp: 1, col.parent: parents, col.depth: depth, col.example: example,
+                  **dict.fromkeys((col.kid_head, col.kid_tail, col.sibling, *col.kid_columns), M)}
+        return with_columns(jnp.zeros(parents.shape + (col.count,), idx), values)
 
     # --- one block on a compacted batch -----------------------------------
 
@@ -303,12 +289,12 @@ class PoolMachine:
             ids = view["ids"][:W]
             valid = ids < M
             own = view["lane"].at[ids].get(**FILL, fill_value=0)
-            get = lambda name: column(own, col[name])  # noqa: E731
-            sps = {s: get(f"sp:{s}") for s in self.stacks}
+            get = lambda name: column(own, getattr(col, name))  # noqa: E731
+            sps = {s: column(own, col.sp[s]) for s in self.stacks}
             changes: dict[str, jax.Array] = {"depth": get("depth") + 1}
             pc_write = (jnp.full((W,), D, idx), jnp.zeros((W,), idx))
             freed = jnp.full((W * K,), M, idx)
-            spawned = (jnp.full((W * K,), M, idx), jnp.zeros((W * K, self.num_cols), idx), jnp.zeros((W * K,), idx))
+            spawned = (jnp.full((W * K,), M, idx), jnp.zeros((W * K, col.count), idx), jnp.zeros((W * K,), idx))
             used = jnp.zeros((), idx)  # free lanes taken
 
             loaded: dict[str, Any] = {}  # registers and invariants, gathered once
@@ -335,14 +321,14 @@ class PoolMachine:
                     when = valid if op.when is None else valid & jnp.broadcast_to(
                         jnp.asarray(read(op.when)[0]) != 0, (W,))
                     took = when & (head < M)
-                    taken["head"] = jnp.where(took, view["lane"].at[head, col["sibling"]].get(
+                    taken["head"] = jnp.where(took, view["lane"].at[head, col.sibling].get(
                         **FILL, fill_value=M), head)
                     taken["freed"].append(jnp.where(took, head, M))
-                    taken["poison"] = taken["poison"] | jnp.where(took, view["lane"].at[head, col["poison"]].get(
+                    taken["poison"] = taken["poison"] | jnp.where(took, view["lane"].at[head, col.poison].get(
                         **FILL, fill_value=0), 0)
                     return {op.out: cast_to(gather_rows(view["regs"][op.ret], head), types[op.out], None),
                             op.flag: head < M}
-                kids = own[:, self.kids]
+                kids = own[:, col.kids]
                 return {v: cast_to(gather_rows(view["regs"][r], kids[:, k]), types[v], None)
                         for k, (v, r) in enumerate(zip(op.outs, op.rets))}
 
@@ -369,9 +355,9 @@ class PoolMachine:
             changes["pc_sp"] = ran.pc_sp
             changes["poison"] = get("poison") | ran.overflow
             if block.ops and isinstance(block.ops[0], Join):
-                kids = own[:, self.kids]
+                kids = own[:, col.kids]
                 for k in range(len(block.ops[0].rets)):
-                    changes["poison"] = changes["poison"] | view["lane"].at[kids[:, k], col["poison"]].get(
+                    changes["poison"] = changes["poison"] | view["lane"].at[kids[:, k], col.poison].get(
                         **FILL, fill_value=0)
                 freed = jnp.where(valid[:, None], kids, M).reshape(-1)
 
@@ -410,7 +396,7 @@ class PoolMachine:
                                        jnp.broadcast_to(changes["depth"][:, None], (W, L)),
                                        jnp.broadcast_to(get("example")[:, None], (W, L)))
                 nexts = jnp.concatenate([kids[:, 1:], jnp.full((W, 1), M, idx)], axis=1)
-                rows = with_columns(rows, {col["sibling"]: nexts})
+                rows = with_columns(rows, {col.sibling: nexts})
                 starts = jnp.broadcast_to(jnp.array([c.target for c in calls], idx), (W, L))
                 pad = ((0, 0), (0, K - L))
                 kids_k = jnp.pad(kids, pad, constant_values=M).reshape(-1)
@@ -438,7 +424,7 @@ class PoolMachine:
                 used = jnp.sum(can, dtype=idx) * k
                 kids = jnp.where(can[:, None], view["free"][:W * k].reshape(W, k), M)
                 kids = jnp.pad(kids, ((0, 0), (0, K - k)), constant_values=M)
-                own = with_columns(own, {c: kids[:, j] for j, c in enumerate(self.kid_cols)})
+                own = with_columns(own, {c: kids[:, j] for j, c in enumerate(col.kid_columns)})
                 changes["pending"] = jnp.where(can, k, get("pending"))
                 # The children's rows: a fresh bottom frame, this lane as parent.
                 rows = self.child_rows(jnp.broadcast_to(ids[:, None], (W, K)),  # the Fork's successors' depth
@@ -464,9 +450,8 @@ class PoolMachine:
             dest = jnp.concatenate([pad_rows(dest, N, nb), pad_rows(kid_dest, N * K, nb)])
             slot = slot_of(dest, self.successors[b], self.num_slots)
 
-            for s in self.stacks:
-                changes[f"sp:{s}"] = ran.sps[s]
-            own = with_columns(own, {col[name]: x for name, x in changes.items()})
+            own = with_columns(own, {**{getattr(col, name): x for name, x in changes.items()},
+                                     **{col.sp[s]: ran.sps[s] for s in self.stacks}})
             # Every branch returns the same structure: zeros for registers it does not write.
             regs = {v: ran.env[v] if b in self.writers[v] else zeros_of(types[v], (W,))
                     for v in self.stored if self.writers[v]}
@@ -533,14 +518,14 @@ class PoolMachine:
         def finish(lane, claim, queues, pc, parent, depth):
             """Children that finished: their parents' pending counts drop, and
             a parent whose count reaches 0 waits at its join block."""
-            lane = lane.at[parent, col["pending"]].add(-1, **DROP)
+            lane = lane.at[parent, col.pending].add(-1, **DROP)
             # A Join comes after its children's last blocks: its depth (for
             # the depth/agenda schedulers) is the longest path through them.
-            lane = lane.at[parent, col["depth"]].max(depth, **DROP)
+            lane = lane.at[parent, col.depth].max(depth, **DROP)
             r = jnp.arange(N, dtype=pc.dtype)
             claim = claim.at[parent].set(r, **DROP)  # one of the siblings speaks for the parent
             woke = ((parent < M) & (claim.at[parent].get(**FILL, fill_value=-1) == r)
-                    & (lane.at[parent, col["pending"]].get(**FILL, fill_value=1) == 0)
+                    & (lane.at[parent, col.pending].get(**FILL, fill_value=1) == 0)
                     & (pc.at[parent].get(**FILL, fill_value=0) < 0))  # a launching parent may not wait yet
             join = -1 - pc.at[parent].get(**FILL, fill_value=0)
             dest = jnp.where(woke, join, nb)
@@ -552,7 +537,7 @@ class PoolMachine:
         def spawn(pc, lane, kid, starts, rows, link):
             pc = pc.at[kid].set(starts, **DROP)
             lane = lane.at[kid].set(rows, **DROP)
-            return pc, lane.at[link[0], col["sibling"]].set(link[1], **DROP)
+            return pc, lane.at[link[0], col.sibling].set(link[1], **DROP)
 
         def release(free: FreeLanes, pc, freed):
             back = freed < M
@@ -577,7 +562,7 @@ class PoolMachine:
             count = queues.count
             # Only the schedulers that look at every lane read these (XLA drops them otherwise).
             sched_pc = jnp.where((pc >= 0) & (pc < halt), pc, halt)
-            depth = column(state.lane, col["depth"])
+            depth = column(state.lane, col.depth)
             block, sched = self.scheduler.choose(state.sched, Frontier(sched_pc, count, depth, jnp.argmax(count > 0)))
             block = block.astype(pc.dtype)  # schedulers may answer in int32
             ids = self.lanes_at(state, block)
@@ -592,7 +577,7 @@ class PoolMachine:
                     "ids": ids, "n": n, "free": free, "free_top": free_top, "failed": state.failed}
             out = lax.switch(block, branches, view)
             lane = state.lane.at[ids].set(out["lane"], **DROP)
-            examples = jnp.where(ids < M, column(out["lane"], col["example"]), B)
+            examples = jnp.where(ids < M, column(out["lane"], col.example), B)
             work = state.work.at[examples].add(1, **DROP)
             failed = state.failed
             if self.fail_blocks:  # only steps at a Fail block pay for flagging its lanes' examples
@@ -635,7 +620,7 @@ class PoolMachine:
             releasing = block_in(block, self.releasers)
             free, pc = gate(releasing, release, lambda free, pc, *_: (free, pc),
                             FreeLanes(state.free.lanes, free_top), pc, only(releasing, out["freed"]))
-            src, example = column(out["spawn_rows"], col["parent"]), column(out["spawn_rows"], col["example"])
+            src, example = column(out["spawn_rows"], col.parent), column(out["spawn_rows"], col.example)
             for f, term in self.forks.items():
                 regs = gate(block == f, self._spawn_params(term, consts, inv, only(block == f, kid), src, example),
                             lambda r: r, regs)
@@ -647,7 +632,7 @@ class PoolMachine:
             finishing = block_in(block, self.finishers)
             lane, claim, queues, pc = gate(finishing, finish, lambda *a: a[:4],
                                            lane, state.claim, queues, pc, only(finishing, out["decrement"]),
-                                           column(out["lane"], col["depth"]))
+                                           column(out["lane"], col.depth))
             new = PoolState(pc=pc, lane=lane, regs=regs, stacks=stacks, pc_stack=pc_stack, queues=queues, free=free,
                             claim=claim, work=work, failed=failed, peak=jnp.maximum(state.peak, M - free.top),
                             steps=state.steps + 1, sched=sched)
@@ -655,7 +640,7 @@ class PoolMachine:
 
         final, tape = while_loop_recorded(cond, step, self.init(batched_inputs, workspace, active), recorder)
         pc = final.pc[:B]
-        overflow = (pc == self.overflowed) | (final.lane[:B, col["poison"]] != 0)
+        overflow = (pc == self.overflowed) | (final.lane[:B, col.poison] != 0)
         failed_at = jnp.zeros((B,), pc.dtype) if final.failed is None else final.failed
         status = Status(overflow, (pc < halt) & ~overflow, pc, final.steps, final.work, final.peak, failed_at)
         # An example that did not finish may never have written its result: its slot holds an earlier

@@ -6,7 +6,8 @@ Integer fields hold `dtypes.index_dtype()` (int32, or int64 under
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
 
@@ -65,13 +66,59 @@ class Tape(NamedTuple):
     writer: dict[str, jax.Array] | None
 
 
+@dataclass(frozen=True)
+class LaneColumns:
+    """Where each of a pool lane's small integers sits in its row of the lane
+    table (`PoolState.lane[M, C]`). One table, not a field per integer, so a
+    step gathers and scatters a lane's integers as one row.
+
+    pc_sp:    its pc stack's pointer.        depth:   blocks it has run.
+    parent:   its parent lane (-1: an example's root lane).
+    pending:  its Fork's children not yet finished.
+    poison:   a descendant overflowed.       example: the example it works for.
+    kid_head, kid_tail, sibling: its launched children (a loop fork's), a list
+              linked through `sibling`; `M` ends it.
+    stalled:  it stopped launching for want of lanes.
+    sp:       {stack: column of that stack's pointer}.
+    kids:     the columns of its Fork's outstanding children (`fan` of them).
+    """
+
+    pc_sp: int
+    depth: int
+    parent: int
+    pending: int
+    poison: int
+    example: int
+    kid_head: int
+    kid_tail: int
+    sibling: int
+    stalled: int
+    sp: Mapping[str, int]
+    kids: slice
+
+    @classmethod
+    def of(cls, stacks: Sequence[str], fan: int) -> "LaneColumns":
+        fixed = [f.name for f in fields(cls) if f.name not in ("sp", "kids")]
+        sp = {s: len(fixed) + k for k, s in enumerate(stacks)}
+        first_kid = len(fixed) + len(sp)
+        return cls(*range(len(fixed)), sp=sp, kids=slice(first_kid, first_kid + fan))
+
+    @property
+    def count(self) -> int:
+        return self.kids.stop
+
+    @property
+    def kid_columns(self) -> range:
+        return range(self.kids.start, self.kids.stop)
+
+
 class PoolState(NamedTuple):
     """The fork-join machine (`pool.py`) on a pool of `M` lanes.
 
     pc:       [M] block each lane waits at, `-1 - join` while it waits for
               its children, or halt/overflowed/done/free (or a root lane's
               `Codes.failed + b` after failing at block b's `Fail`).
-    lane:     [M, C] each lane's small integers (see `PoolMachine.col`).
+    lane:     [M, C] each lane's small integers (`LaneColumns`).
     regs, stacks, pc_stack: as `MachineState`, one slot per lane.
     queues:   the lanes waiting at each block (`Queues`).
     free:     the free lanes (`FreeLanes`).

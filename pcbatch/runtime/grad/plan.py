@@ -88,7 +88,7 @@ class Plan:
         self.widths = list(machine.widths)  # row buckets: the pool's widths, or halving from all lanes
         self.switched = machine.tuning.grad_switched()  # one lax.switch a step, not a lax.cond per block
         if self.pool:
-            self.fan, self.col, self.kids = machine.fan, machine.col, machine.kids
+            self.fan, self.col = machine.fan, machine.col
         else:
             self.fan = 1
         types = prog.var_types

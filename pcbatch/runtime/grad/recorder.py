@@ -39,8 +39,8 @@ class Recorder:
                              cursor=tape.cursor.at[block].add(jnp.where(recorded, n, 0)))
         if p.pool:
             own = pre.lane.at[ids].get(mode="fill", fill_value=0)
-            example = own[:, p.col["example"]]
-            sp = {s: own[:, p.col[f"sp:{s}"]] for s in p.layout.stacks}
+            example = own[:, p.col.example]
+            sp = {s: own[:, p.col.sp[s]] for s in p.layout.stacks}
         else:
             own, example = None, ids
             sp = {s: x.at[ids].get(mode="fill", fill_value=0) for s, x in p.layout.pointers(pre.sps).items()}
@@ -60,7 +60,7 @@ class Recorder:
                 row["wid"] = {s: writer[s].at[slot[s], lanes].get(mode="fill", fill_value=p.events[s])
                               for s in g.reads if s in p.float_stacks}
                 if g.join is not None:
-                    kids = own[:w, p.kids]
+                    kids = own[:w, p.col.kids]
                     row["kids"] = kids
                     row["joined"] = tuple(gather_rows(pre.regs[r], kids[:, k]) for k, r in enumerate(g.join.rets))
                 rows = dict(rows)
@@ -105,7 +105,7 @@ class Recorder:
         if not forks:
             return tape
         # A Fork's children: its rows of the lane table, after the step.
-        spawned = new.lane.at[taken["ids"]].get(mode="fill", fill_value=p.lanes)[:, p.kids]
+        spawned = new.lane.at[taken["ids"]].get(mode="fill", fill_value=p.lanes)[:, p.col.kids]
         rows = dict(tape.rows)
         for g in forks:
             rows[g.index] = lax.cond(
