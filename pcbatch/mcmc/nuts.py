@@ -31,6 +31,11 @@ shows a tqdm bar fed by a host callback from inside the loop.
 
 `sampler(...)` returns the `Autobatched` program itself, so that tests can
 compare it with `.reference` (the same Python run chain by chain).
+
+This module holds the program and the sampler's entry points; one chain's
+arithmetic (leapfrog leaves, no-U-turn checks, merges) is `trajectory.py`,
+the input checks `inputs.py`, the schedulers `schedules.py`, the progress
+bar `reporting.py`.
 """
 from __future__ import annotations
 
@@ -42,8 +47,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import pcbatch
-from pcbatch.fsm import follow_order
-from pcbatch.mcmc import _random, adaptation as _adaptation
+from pcbatch.mcmc import _random, adaptation as _adaptation, inputs, reporting, trajectory
+from pcbatch.mcmc.inputs import index_dtype, invalid
+from pcbatch.mcmc.reporting import report_intervals
+from pcbatch.mcmc.schedules import GradientLast, GradientQuorum
+from pcbatch.mcmc.trajectory import Subtree
 
 __all__ = ["GradientLast", "NUTSInfo", "NUTSOutput", "sample", "sampler"]
 
@@ -80,13 +88,13 @@ class NUTSOutput(NamedTuple):
         from pcbatch.mcmc.diagnostics import summary
         position = self.equal_length().position
         if np.shape(position)[1] < 4 and np.shape(position)[1] < np.shape(self.position)[1]:
-            raise _invalid(f"summary needs at least 4 draws from every chain; under this call's gradient_budget "
-                             f"one chain made {np.shape(position)[1]} (num_draws {np.asarray(self.num_draws).tolist()}): "
-                             "continue the chains (out.last_position) and summarize the draws of several calls, "
-                             "or give a larger budget")
+            raise invalid(f"summary needs at least 4 draws from every chain; under this call's gradient_budget "
+                          f"one chain made {np.shape(position)[1]} (num_draws {np.asarray(self.num_draws).tolist()}): "
+                          "continue the chains (out.last_position) and summarize the draws of several calls, "
+                          "or give a larger budget")
         if np.shape(position)[1] < 4:
-            raise _invalid(f"summary needs at least 4 draws from every chain (split R-hat halves each chain), got "
-                           f"{np.shape(position)[1]}: sample with num_samples >= 4")
+            raise invalid(f"summary needs at least 4 draws from every chain (split R-hat halves each chain), got "
+                          f"{np.shape(position)[1]}: sample with num_samples >= 4")
         return summary(position)
 
     def equal_length(self) -> "NUTSOutput":
@@ -132,220 +140,6 @@ class NUTSOutput(NamedTuple):
     to_inference_data = to_arviz
 
 
-# --------------------------------------------------------------------------
-# plain helpers (traced inline as JAX code)
-# --------------------------------------------------------------------------
-
-class Edge(NamedTuple):
-    """The integrator's state at the growing end of the trajectory. Inside
-    `build_tree` the momentum of a backward subtree is negated, so every
-    subtree is integrated forward (with the same step) and never needs to
-    know its direction: the no-U-turn checks only compare momenta with each
-    other, so they read the same with all of them negated."""
-    x: Any
-    p: Any
-    g: Any
-    logp: Any
-
-
-class Acc(NamedTuple):
-    """Running totals over the leaves of the subtree being added to the
-    trajectory (one doubling). `build_tree` takes them and returns them, so
-    the recursion never saves them on a stack: the multinomial proposal among
-    the leaves so far (reservoir sampling: each leaf replaces it with
-    probability weight / total weight, so it ends up distributed as the
-    weights, as the per-merge choice of Stan/BlackJAX), the log of the summed
-    weights exp(H0 - H), the sum of min(1, exp(H0 - H)), the number of leaves,
-    a divergence flag; `H0`, the step size, the random key and the adapted
-    inverse mass matrix (window adaptation; else empty) ride along."""
-    prop_x: Any
-    prop_g: Any
-    prop_logp: Any
-    log_weight: Any
-    sum_metro: Any
-    n_leaves: Any
-    divergent: Any
-    H0: Any
-    step_size: Any
-    key: Any
-    inv_mass: Any
-
-
-class Subtree(NamedTuple):
-    """What the caller of `build_tree` needs about the subtree for the
-    no-U-turn checks of the merge (momenta in the subtree's own frame)."""
-    rho: Any        # summed momenta of its leaves
-    p_beg: Any      # momentum of its first leaf (Stan's criterion; else empty)
-    valid: Any      # no divergence and no U-turn inside
-
-
-class Trajectory(NamedTuple):
-    """The top-level trajectory of one transition, in time order."""
-    left: Edge
-    right: Edge
-    rho: Any
-    log_weight: Any
-    prop_x: Any
-    prop_logp: Any
-    prop_g: Any
-
-
-def _kinetic(p, inv_mass):
-    return 0.5 * jnp.sum(inv_mass * p * p)
-
-
-def _no_uturn(p_minus, p_plus, rho, inv_mass, criterion):
-    """The generalized criterion: both ends' velocities still point along the
-    summed momentum `rho` of the (sub)trajectory between them. NumPyro and
-    BlackJAX count the two end points with weight 1/2 in `rho`."""
-    if criterion == "numpyro":
-        rho = rho - 0.5 * (p_minus + p_plus)
-    return (jnp.dot(inv_mass * p_plus, rho) > 0) & (jnp.dot(inv_mass * p_minus, rho) > 0)
-
-
-def _where(c, a, b):
-    return jax.tree_util.tree_map(lambda u, v: jnp.where(c, u, v), a, b)
-
-
-def _per_chain(flag):
-    """`flag`, computed once per chain. XLA fuses a chain's scalar into every
-    `[chains, dim]` select that reads it and recomputes it there per element:
-    a threefry hash (~100 ops) ten times over on a 10-d target. A reduction
-    is a kernel of its own, so the value behind it is computed once (eight
-    schools and the funnel at 128 chains: 1.2-1.3x faster per call)."""
-    return jnp.any(jnp.stack([flag, jnp.zeros_like(flag)]), axis=0)
-
-
-def _leaf(value_and_grad, steps, edge, acc, inv_mass, max_delta_energy):
-    """`steps` leapfrog steps from the edge; the last state is the leaf. It
-    joins the running totals (and maybe becomes the proposal)."""
-    x, p, g, logp = edge
-    step_size = acc.step_size
-    for _ in range(steps):
-        p = p + 0.5 * step_size * g
-        x = x + step_size * inv_mass * p
-        logp, g = value_and_grad(x)
-        p = p + 0.5 * step_size * g
-    H = -logp + _kinetic(p, inv_mass)
-    delta = acc.H0 - jnp.where(jnp.isnan(H), jnp.inf, H)
-    divergent = -delta > max_delta_energy
-    key, k_take = _random.split(acc.key)
-    log_weight = jnp.logaddexp(acc.log_weight, delta)
-    take = _per_chain(_random.uniform(k_take) < jnp.exp(delta - log_weight))
-    acc = Acc(prop_x=jnp.where(take, x, acc.prop_x), prop_g=jnp.where(take, g, acc.prop_g),
-              prop_logp=jnp.where(take, logp, acc.prop_logp), log_weight=log_weight,
-              sum_metro=acc.sum_metro + jnp.minimum(1.0, jnp.exp(delta)).astype(x.dtype),
-              n_leaves=acc.n_leaves + 1, divergent=acc.divergent | divergent, H0=acc.H0,
-              step_size=acc.step_size, key=key, inv_mass=acc.inv_mass)
-    return Edge(x, p, g, logp), acc
-
-
-def _seam(p, criterion):
-    """A momentum only Stan's extra checks across a merge read: with the
-    NumPyro/BlackJAX criterion an empty array, so it costs no stack traffic."""
-    return p if criterion == "stan" else p[:0]
-
-
-def _join(p_beg, p_end, rho, sub, p_new_end, inv_mass, criterion):
-    """The no-U-turn checks for a tree (first momentum `p_beg`, last `p_end`,
-    summed `rho`) joined with the subtree that follows it (ending at
-    `p_new_end`): on the joined tree, and with Stan's criterion also the two
-    across the seam. Returns the joined tree's `rho` and whether it is valid."""
-    rho_all = rho + sub.rho
-    persist = _no_uturn(p_beg, p_new_end, rho_all, inv_mass, criterion)
-    if criterion == "stan":
-        persist = (persist & _no_uturn(p_beg, sub.p_beg, rho + sub.p_beg, inv_mass, criterion)
-                   & _no_uturn(p_end, p_new_end, sub.rho + p_end, inv_mass, criterion))
-    return rho_all, sub.valid & persist
-
-
-def _bottom(value_and_grad, steps, levels, depth, edge, acc, inv_mass, max_delta_energy, criterion):
-    """The bottom `levels` levels of the recursion, unrolled into one block: a
-    subtree of depth `min(depth, levels)`, its 2**levels leaves computed in
-    one machine step, so the blocks between gradient steps are paid once per
-    2**levels leaves (`leaves_per_step`). Leaves past what the subtree needs
-    are wasted (computed, not used or counted): past `depth` (a transition's
-    first doublings), or after a half that diverged or turned.
-    Returns the edge, the running totals, and the subtree's rho, first
-    momentum and validity."""
-    if levels == 0:
-        edge, acc = _leaf(value_and_grad, steps, edge, acc, inv_mass, max_delta_energy)
-        return edge, acc, edge.p, edge.p, ~acc.divergent
-    args = (inv_mass, max_delta_energy, criterion)
-    edge1, acc1, rho1, p_beg, valid1 = _bottom(value_and_grad, steps, levels - 1, depth, edge, acc, *args)
-    # The second half: a whole subtree of depth levels - 1, joined on.
-    edge2, acc2, rho2, p_beg2, valid2 = _bottom(value_and_grad, steps, levels - 1, levels - 1, edge1, acc1, *args)
-    second = Subtree(rho2, _seam(p_beg2, criterion), valid2)
-    rho, valid = _join(p_beg, _seam(edge1.p, criterion), rho1, second, edge2.p, inv_mass, criterion)
-    use2 = _per_chain(valid1 & (depth >= levels))
-    return (_where(use2, edge2, edge1), _where(use2, acc2, acc1), jnp.where(use2, rho, rho1), p_beg,
-            jnp.where(use2, valid, valid1))
-
-
-def _start(x, p, g, logp):
-    edge = Edge(x, p, g, logp)
-    return Trajectory(left=edge, right=edge, rho=p, log_weight=jnp.zeros((), x.dtype),
-                      prop_x=x, prop_logp=logp, prop_g=g)
-
-
-def _outer_edge(traj, forward):
-    """The end to extend from, in the subtree's frame (momentum negated going backward)."""
-    e = _where(forward, traj.right, traj.left)
-    return Edge(e.x, jnp.where(forward, e.p, -e.p), e.g, e.logp)
-
-
-def _fresh_acc(edge, H0, step_size, key, adapted_mass):
-    return Acc(prop_x=edge.x, prop_g=edge.g, prop_logp=edge.logp,
-               log_weight=jnp.full((), -jnp.inf, edge.x.dtype), sum_metro=jnp.zeros((), edge.x.dtype),
-               n_leaves=jnp.zeros((), _index_dtype()), divergent=jnp.zeros((), bool), H0=H0, step_size=step_size, key=key,
-               inv_mass=adapted_mass)
-
-
-def _mass(adapted, inv_mass):
-    """The inverse mass matrix in use: the adapted one (window adaptation),
-    else the argument. Kept apart so that without window adaptation the
-    argument stays a constant of the machine, not a value pushed with every
-    recursive call."""
-    return adapted if adapted.shape[0] else inv_mass
-
-
-def _extend(traj, edge, acc, sub, forward, key, inv_mass, criterion):
-    """Merge a new subtree (its far end `edge`, totals `acc`, summary `sub`,
-    in its own frame) into the trajectory if it is valid: biased progressive
-    sampling of the proposal, then the no-U-turn checks (Stan's: three).
-    Returns the trajectory (unchanged for an invalid subtree) and whether it
-    keeps going."""
-    sign = jnp.where(forward, 1.0, -1.0).astype(edge.x.dtype)
-    end = Edge(edge.x, sign * edge.p, edge.g, edge.logp)
-    sub_rho, sub_p_beg = sign * sub.rho, sign * sub.p_beg
-    take = _per_chain(sub.valid & (_random.uniform(key) < jnp.exp(acc.log_weight - traj.log_weight)))
-    left = _where(forward, traj.left, end)
-    right = _where(forward, end, traj.right)
-    rho = traj.rho + sub_rho
-    persist = _no_uturn(left.p, right.p, rho, inv_mass, criterion)
-    if criterion == "stan":
-        # bck / fwd: the earlier and the later part in time order.
-        bck_right_p = jnp.where(forward, traj.right.p, sub_p_beg)
-        fwd_left_p = jnp.where(forward, sub_p_beg, traj.left.p)
-        rho_bck = jnp.where(forward, traj.rho, sub_rho)
-        rho_fwd = jnp.where(forward, sub_rho, traj.rho)
-        persist = (persist & _no_uturn(left.p, fwd_left_p, rho_bck + fwd_left_p, inv_mass, criterion)
-                   & _no_uturn(bck_right_p, right.p, rho_fwd + bck_right_p, inv_mass, criterion))
-    new = Trajectory(left=left, right=right, rho=rho, log_weight=jnp.logaddexp(traj.log_weight, acc.log_weight),
-                     prop_x=jnp.where(take, acc.prop_x, traj.prop_x),
-                     prop_logp=jnp.where(take, acc.prop_logp, traj.prop_logp),
-                     prop_g=jnp.where(take, acc.prop_g, traj.prop_g))
-    return _where(sub.valid, new, traj), persist
-
-
-def _transition_start(x, logp, g, key, noise, inv_mass):
-    """Transition i's momentum (from standard normal `noise`) and the one-point trajectory at x."""
-    key, k_traj = _random.split(key)
-    p = noise / jnp.sqrt(inv_mass)
-    H0 = -logp + _kinetic(p, inv_mass)
-    return key, k_traj, H0, _start(x, p, g, logp)
-
-
 class _Draws(NamedTuple):
     position: Any
     logdensity: Any
@@ -357,8 +151,8 @@ def _empty_draws(num_samples, x):
     zeros = lambda shape, dtype: jnp.zeros((num_samples,) + shape, dtype)
     nans = lambda shape: jnp.full((num_samples,) + shape, jnp.nan, x.dtype)
     return _Draws(nans(x.shape), nans(()),
-                  NUTSInfo(nans(()), zeros((), bool), zeros((), bool), zeros((), _index_dtype()),
-                           zeros((), _index_dtype()), nans(())))
+                  NUTSInfo(nans(()), zeros((), bool), zeros((), bool), zeros((), index_dtype()),
+                           zeros((), index_dtype()), nans(())))
 
 
 def _record(draws, j, x, logp, stats):
@@ -374,81 +168,6 @@ def _record(draws, j, x, logp, stats):
 _DualAveraging = _adaptation.DualAveraging
 _adaptation_start = _adaptation.dual_averaging_start
 _adapt = _adaptation.dual_averaging_update
-
-
-# --------------------------------------------------------------------------
-# progress bar (host side)
-# --------------------------------------------------------------------------
-
-_PROGRESS: list = []  # the bars of the `sample` calls now running; the callback feeds the last
-
-
-class _ProgressBar:
-    """A tqdm bar of one chain's transitions (the last chain's: the only one
-    that reports, so that the loop calls the host ~10 times per run, not
-    ~10 times per chain; chains desynchronize, so per-chain reports each ran
-    a block of their own)."""
-
-    def __init__(self, per_chain: int, chains: int, desc: str):
-        from tqdm.auto import tqdm
-        self.done = 0
-        self.bar = tqdm(total=per_chain, desc=f"{desc} (chain {chains} of {chains})", unit="transition")
-
-    def update(self, i: Any) -> None:
-        self.done = max(self.done, int(np.max(np.asarray(i))))
-        self.bar.update(self.done - self.bar.n)
-
-    def close(self) -> None:
-        self.bar.update(self.bar.total - self.bar.n)  # the other chains are done too
-        self.bar.close()
-
-
-def _progress_host(i: Any) -> np.ndarray:
-    if _PROGRESS:
-        _PROGRESS[-1].update(i)
-    return np.zeros(np.shape(i), _index_dtype())
-
-
-def _report(progress: bool, i: Any) -> Any:
-    """0, after telling the host bar (if any) that the reporting chain has
-    done i transitions (other lanes in the same step pass 0). The zero is
-    added to i so that the callback is not dead code. Batched over lanes it
-    is ONE host call."""
-    if not progress:
-        return jnp.zeros((), _index_dtype())
-    return jax.pure_callback(_progress_host, jax.ShapeDtypeStruct((), _index_dtype()), i, vmap_method="expand_dims")
-
-
-def report_intervals(chains: int, num_transitions: int, every: int) -> jax.Array:
-    """The program's last argument: transitions between two reports per chain;
-    `every` for the last chain, none (`num_transitions`) for the others.
-    (Measured, 64 chains: the first chain reporting took 3.9% more machine
-    steps; the last, 0.6%. Its detours shift the schedule less.)"""
-    return _report_intervals(int(chains), int(num_transitions), int(every), _index_dtype())
-
-
-def _index_dtype() -> str:
-    return jax.dtypes.canonicalize_dtype(np.int64).name  # int32 unless x64
-
-
-@functools.lru_cache(maxsize=256)
-def _report_intervals(chains: int, num_transitions: int, every: int, dtype: str) -> jax.Array:
-    intervals = np.full((chains,), num_transitions, dtype)
-    if every > 0:
-        intervals[-1] = min(every, num_transitions)
-    with jax.ensure_compile_time_eval():  # cached: never a tracer of the jit it was first made in
-        return jnp.asarray(intervals)
-
-
-@functools.lru_cache(maxsize=256)
-def _constant(shape: tuple[int, ...], value: Any, dtype: str) -> jax.Array:
-    """A small argument `prepare` builds the same way on every call (a default
-    mass matrix, a scalar step size, a budget): made once, not dispatched per
-    call (a 1-chain call lasts ~1 ms; each dispatch costs ~15 us). Immutable,
-    and the machine donates only its workspace, so sharing it is safe.
-    Made outside any trace: a cached tracer would break every later call."""
-    with jax.ensure_compile_time_eval():
-        return jnp.full(shape, value, dtype)
 
 
 # --------------------------------------------------------------------------
@@ -474,7 +193,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
     and the same no-U-turn checks, but every call starts with its leaf, so
     between two gradient evaluations a chain runs few blocks (the leaf, then
     a call, or a return and a join per finished level). With
-    `leaves_per_step` 2**k the first 2**k leaves are one block (`_bottom`)
+    `leaves_per_step` 2**k the first 2**k leaves are one block (`trajectory.bottom`)
     and the loop starts at depth k."""
 
     first = leaves_per_step.bit_length() - 1  # the depth of the subtree `bottom` builds when it can
@@ -484,22 +203,24 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
     value_and_grad = jax.jit(jax.value_and_grad(logdensity_fn))
 
     def bottom(value_and_grad, steps, depth, edge, acc, inv_mass, max_delta_energy, criterion):
-        return _bottom(value_and_grad, steps, first, depth, edge, acc, inv_mass, max_delta_energy, criterion)
+        return trajectory.bottom(value_and_grad, steps, first, depth, edge, acc, inv_mass, max_delta_energy, criterion)
 
     @pcbatch.autobatch
     def build_tree(depth, edge, acc, inv_mass):
         edge, acc, rho, p_beg, valid = bottom(value_and_grad, leapfrogs_per_leaf, depth, edge, acc,
-                                              _mass(acc.inv_mass, inv_mass), max_delta_energy, uturn_criterion)
+                                              trajectory.mass(acc.inv_mass, inv_mass), max_delta_energy,
+                                              uturn_criterion)
         level = first
         if (depth > first) & valid:
             while True:
-                p_end = _seam(edge.p, uturn_criterion)
+                p_end = trajectory.seam(edge.p, uturn_criterion)
                 edge, acc, sub = build_tree(level, edge, acc, inv_mass)
-                rho, valid = _join(p_beg, p_end, rho, sub, edge.p, _mass(acc.inv_mass, inv_mass), uturn_criterion)
+                rho, valid = trajectory.join(p_beg, p_end, rho, sub, edge.p, trajectory.mass(acc.inv_mass, inv_mass),
+                                             uturn_criterion)
                 level = level + 1
                 if (level == depth) | ~valid:
                     break
-        return edge, acc, Subtree(rho, _seam(p_beg, uturn_criterion), valid)
+        return edge, acc, Subtree(rho, trajectory.seam(p_beg, uturn_criterion), valid)
 
     total = num_warmup + num_samples
     if adaptation == "window" and num_warmup > 0:
@@ -512,7 +233,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
         return _adaptation.window_update(tables, i, x, welford, mass, adapt)
 
     def report(i):
-        return _report(progress, i)
+        return reporting.report(progress, i)
 
     def run_chains(x, key, noise, step_size, inv_mass, budget, report_every):
         logp, g = value_and_grad(x)
@@ -520,7 +241,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
         adapt = _adaptation_start(step_size, x.dtype)
         welford = _adaptation.welford_start(x, tables is not None)
         mass = _adaptation.mass_start(inv_mass, x, tables is not None)  # adapted inverse mass (or empty)
-        key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[0], _mass(mass, inv_mass))
+        key, k_traj, H0, traj = trajectory.transition_start(x, logp, g, key, noise[0], trajectory.mass(mass, inv_mass))
         i = 0
         depth = 0
         n_leaves = 0
@@ -534,15 +255,15 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
             while True:
                 # One doubling: a subtree of 2**depth leaves in a random direction.
                 k_traj, k_direction, k_sub, k_accept = _random.split(k_traj, 4)
-                forward = _per_chain(_random.uniform(k_direction) < 0.5)
-                edge = _outer_edge(traj, forward)
-                edge, acc, sub = build_tree(depth, edge, _fresh_acc(edge, H0, adapt.step_size, k_sub, mass),
+                forward = trajectory.per_chain(_random.uniform(k_direction) < 0.5)
+                edge = trajectory.outer_edge(traj, forward)
+                edge, acc, sub = build_tree(depth, edge, trajectory.fresh_acc(edge, H0, adapt.step_size, k_sub, mass),
                                             inv_mass)
                 n_leaves = n_leaves + acc.n_leaves
                 sum_metro = sum_metro + acc.sum_metro
                 divergent = divergent | acc.divergent
-                traj, persist = _extend(traj, edge, acc, sub, forward, k_accept, _mass(mass, inv_mass),
-                                        uturn_criterion)
+                traj, persist = trajectory.extend(traj, edge, acc, sub, forward, k_accept,
+                                                  trajectory.mass(mass, inv_mass), uturn_criterion)
                 turning = jnp.where(sub.valid, ~persist, ~acc.divergent)
                 depth = depth + sub.valid
                 if ~sub.valid | ~persist | (depth == max_tree_depth):
@@ -557,8 +278,8 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
                     adapt = _adapt(adapt, i, accept, num_warmup, target_accept)
                     welford, mass, adapt = window(i, x, welford, mass, adapt)
                     i = i + 1
-                    key, k_traj, H0, traj = _transition_start(x, logp, g, key, noise[i % total],
-                                                              _mass(mass, inv_mass))
+                    key, k_traj, H0, traj = trajectory.transition_start(x, logp, g, key, noise[i % total],
+                                                                        trajectory.mass(mass, inv_mass))
                     depth = 0
                     n_leaves = 0
                     sum_metro = jnp.zeros((), x.dtype)
@@ -570,97 +291,14 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
                 i = i + report(jnp.where(reports, i, 0))  # lanes that do not report run along masked
             if (i == total) | (used >= budget):
                 break
-        return NUTSOutput(draws.position, draws.logdensity, draws.info, adapt.step_size, _mass(mass, inv_mass),
-                          i - num_warmup)
+        return NUTSOutput(draws.position, draws.logdensity, draws.info, adapt.step_size,
+                          trajectory.mass(mass, inv_mass), i - num_warmup)
 
     return run_chains
 
 
-class GradientLast:
-    """The default NUTS scheduler: run the earliest ready block, except the
-    leaf block (the gradient evaluations), which runs only when no lane is
-    ready anywhere else. Every lane can always reach its next leaf without
-    running a leaf, so each leaf step evaluates the gradient for every chain
-    that has not finished all its transitions: the batch synchronizes on
-    gradients only, across trajectory and transition boundaries.
-
-    With `follow` (the default) every step also runs the other blocks once
-    each, in the order a lane leaves the leaf (`pcbatch.ir.flow.follow_order`),
-    for the lanes waiting at them: a chain returns, joins its subtree and
-    calls the next one in the step of its gradient, not in steps of their own.
-    `follow="all"` follows the leaf too, and the blocks before it: every step
-    runs every block once for the lanes at it, so with masked follow blocks
-    (`pcbatch.Tuning.masked_follow`) a step holds no conditional at all.
-    """
-
-    name = "gradient_last"
-
-    def __init__(self, leaf: int, follow: bool | str = True):
-        if not (isinstance(follow, bool) or follow == "all"):
-            raise _invalid(f"follow must be True, False or 'all', got {follow!r}")
-        self.leaf, self.follows = int(leaf), follow
-        self.follow: tuple[int, ...] = ()  # the blocks, once bound to a program
-
-    def for_program(self, prog: Any) -> "GradientLast":
-        bound = GradientLast(self.leaf, self.follows)
-        if self.follows:
-            after = follow_order(prog.blocks, self.leaf)
-            if self.follows == "all":
-                before = tuple(b for b in range(len(prog.blocks)) if b != self.leaf and b not in after)
-                after = before + (self.leaf,) + after
-            bound.follow = after
-        return bound
-
-    def init(self, num_blocks: int, num_lanes: int) -> Any:
-        return ()
-
-    def choose(self, carry: Any, frontier: Any) -> tuple[jax.Array, Any]:
-        num_blocks = frontier.counts.shape[0]
-        other = jnp.min(jnp.where(frontier.pc == self.leaf, num_blocks, frontier.pc))
-        return jnp.where(other < num_blocks, other, self.leaf), carry
-
-    def __repr__(self) -> str:
-        return f"GradientLast(leaf=b{self.leaf}{'' if self.follows is True else f', follow={self.follows!r}'})"
-
-
-class GradientQuorum:
-    """A NUTS scheduler: run the leaf block (the gradient
-    evaluations) once at least `quorum` of the running chains wait there, or
-    when nothing else is ready; otherwise the other block with the most
-    chains waiting, weighted by how many steps it has waited (so none
-    starves). Waiting for every chain (`GradientLast`) makes each gradient
-    step wait for the one chain that unwinds the deepest recursion; a quorum
-    lets that chain catch up at the next gradient step instead. Measured
-    (`benchmarks/nuts.py`, 2026-11-26): no fewer machine steps per gradient,
-    lower utilization (61% against 81% on the Gaussian at 128 chains) and
-    0.74-1.0x `GradientLast`'s throughput, hence not the default."""
-
-    name = "gradient_quorum"
-
-    def __init__(self, leaf: int, quorum: float = 0.5):
-        if not 0.0 < quorum <= 1.0:
-            raise _invalid(f"quorum must be in (0, 1], got {quorum}")
-        self.leaf, self.quorum = int(leaf), float(quorum)
-
-    def init(self, num_blocks: int, num_lanes: int) -> Any:
-        return jnp.zeros((num_blocks,), jnp.int32)  # steps each block has waited with lanes ready
-
-    def choose(self, age: Any, frontier: Any) -> tuple[jax.Array, Any]:
-        counts = frontier.counts
-        others = (counts > 0) & (jnp.arange(counts.shape[0]) != self.leaf)
-        score = jnp.where(others, counts * (1 + age), -1)
-        other = jnp.argmax(score).astype(jnp.int32)
-        leaf = (counts[self.leaf] >= self.quorum * jnp.sum(counts)) | ~jnp.any(others)
-        block = jnp.where(leaf, jnp.int32(self.leaf), other)
-        age = jnp.where(counts > 0, age + 1, 0).at[block].set(0)
-        return block, age
-
-    def __repr__(self) -> str:
-        return f"GradientQuorum(leaf=b{self.leaf}, quorum={self.quorum})"
-
-
 def leaf_block(prog: Any) -> int:
-    """Index of the leaf block (the one calling `_bottom`: every gradient) in a lowered program."""
+    """Index of the leaf block (the one calling `trajectory.bottom`: every gradient) in a lowered program."""
     import inspect
     src, start = inspect.getsourcelines(_make_program)
     line = start + next(i for i, text in enumerate(src) if "= bottom(" in text)
@@ -675,7 +313,7 @@ def leaf_block(prog: Any) -> int:
 def _cached(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_depth, leapfrogs_per_leaf,
             max_delta_energy, uturn_criterion, step_axis, mass_axis, schedule, adaptation="step_size",
             progress=False, leaves_per_step=2):
-    logdensity_fn, schedule = _unkey(logdensity_fn), _unkey(schedule)
+    logdensity_fn, schedule = inputs.from_cache_key(logdensity_fn), inputs.from_cache_key(schedule)
     run_chains = _make_program(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_depth,
                                leapfrogs_per_leaf, max_delta_energy, uturn_criterion, adaptation, progress,
                                leaves_per_step)
@@ -707,27 +345,27 @@ def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, t
     arguments, so calling `sample` twice with the same `logdensity_fn`
     compiles once. `.reference(*args)` runs the same Python chain by chain."""
     if uturn_criterion not in ("stan", "numpyro"):
-        raise _invalid(f"uturn_criterion must be 'stan' or 'numpyro', got {uturn_criterion!r}")
+        raise invalid(f"uturn_criterion must be 'stan' or 'numpyro', got {uturn_criterion!r}")
     if adaptation not in ("step_size", "window"):
-        raise _invalid(f"adaptation must be 'step_size' or 'window', got {adaptation!r}")
+        raise invalid(f"adaptation must be 'step_size' or 'window', got {adaptation!r}")
     counts = {"num_samples": num_samples, "num_warmup": num_warmup, "max_tree_depth": max_tree_depth,
               "leapfrogs_per_leaf": leapfrogs_per_leaf}
     for name, value in counts.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise _invalid(f"{name} must be an integer, got {value!r}")
+            raise invalid(f"{name} must be an integer, got {value!r}")
     if not max_delta_energy > 0:
-        raise _invalid(f"max_delta_energy must be positive (an energy error above it is a divergence; Stan: 1000), "
-                       f"got {max_delta_energy!r}")
+        raise invalid(f"max_delta_energy must be positive (an energy error above it is a divergence; Stan: 1000), "
+                      f"got {max_delta_energy!r}")
     if num_samples < 1 or max_tree_depth < 1 or leapfrogs_per_leaf < 1 or num_warmup < 0:
-        raise _invalid("num_samples, max_tree_depth and leapfrogs_per_leaf must be at least 1, "
-                         "num_warmup at least 0")
+        raise invalid("num_samples, max_tree_depth and leapfrogs_per_leaf must be at least 1, "
+                      "num_warmup at least 0")
     if not 0.0 < target_accept < 1.0:
-        raise _invalid(f"target_accept must be in (0, 1), got {target_accept}")
+        raise invalid(f"target_accept must be in (0, 1), got {target_accept}")
     if leaves_per_step not in (1, 2, 4, 8):
-        raise _invalid(f"leaves_per_step must be 1, 2, 4 or 8 (or 'auto' in `sample`), got {leaves_per_step!r}")
-    return _cached(_key(logdensity_fn), int(num_samples), int(num_warmup), float(target_accept), int(max_tree_depth),
-                   int(leapfrogs_per_leaf), float(max_delta_energy), uturn_criterion,
-                   0 if per_chain_step_size else None, 0 if per_chain_mass else None, _key(schedule),
+        raise invalid(f"leaves_per_step must be 1, 2, 4 or 8 (or 'auto' in `sample`), got {leaves_per_step!r}")
+    return _cached(inputs.cache_key(logdensity_fn), int(num_samples), int(num_warmup), float(target_accept),
+                   int(max_tree_depth), int(leapfrogs_per_leaf), float(max_delta_energy), uturn_criterion,
+                   0 if per_chain_step_size else None, 0 if per_chain_mass else None, inputs.cache_key(schedule),
                    adaptation if num_warmup > 0 else "step_size", bool(progress), int(leaves_per_step))
 
 
@@ -799,124 +437,15 @@ def _gradient_cost(logdensity_fn: Callable, initial_positions: Any) -> tuple[int
     """Chains, coordinates and XLA's flop count of one gradient (None where the backend has no cost model)."""
     x = initial_positions if isinstance(initial_positions, jax.Array) else jnp.asarray(initial_positions)
     chains = x.shape[0] if x.ndim == 2 else 1
-    return chains, x.shape[-1], _gradient_flops(_key(logdensity_fn), x.shape[-1], jnp.dtype(x.dtype).name)
+    return chains, x.shape[-1], _gradient_flops(inputs.cache_key(logdensity_fn), x.shape[-1], jnp.dtype(x.dtype).name)
 
 
 @functools.lru_cache(maxsize=64)
 def _gradient_flops(logdensity_fn: Callable, dim: int, dtype: str) -> float | None:
     one = jax.ShapeDtypeStruct((dim,), dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32)
-    cost = jax.jit(jax.value_and_grad(_unkey(logdensity_fn))).lower(one).cost_analysis()
+    cost = jax.jit(jax.value_and_grad(inputs.from_cache_key(logdensity_fn))).lower(one).cost_analysis()
     flops = (cost or {}).get("flops")
     return None if flops is None else float(flops)
-
-
-class _ByIdentity:
-    """An unhashable log density or scheduler (an object with `__eq__` and no hash: a
-    dataclass, an Equinox module holding arrays) as a cache key: by identity, as
-    `jax.jit` keys functions. The cache keeps it alive, so its id is not reused."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any):
-        self.obj = obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, _ByIdentity) and other.obj is self.obj
-
-
-def _key(obj: Any) -> Any:
-    """`obj` as a key of the sampler's caches."""
-    try:
-        hash(obj)
-    except TypeError:
-        return _ByIdentity(obj)
-    return obj
-
-
-def _unkey(key: Any) -> Any:
-    return key.obj if isinstance(key, _ByIdentity) else key
-
-
-def _invalid(message: str, hint: str = "") -> pcbatch.ArgumentError:
-    """Bad input to the sampler: a named pcbatch error (also a ValueError)."""
-    return pcbatch.ArgumentError("pcbatch.mcmc.nuts", message, hint)
-
-
-def _concrete(x: Any) -> np.ndarray | None:
-    """`x`'s values where this process knows them (None inside a caller's jit, or for
-    a global array spread over several processes)."""
-    if isinstance(x, jax.core.Tracer) or not getattr(x, "is_fully_addressable", True):
-        return None
-    return np.asarray(x)
-
-
-@functools.lru_cache(maxsize=64)
-def _start_values(logdensity_fn: Callable) -> Callable:
-    return jax.jit(jax.vmap(jax.value_and_grad(_unkey(logdensity_fn))))
-
-
-@functools.lru_cache(maxsize=64)  # a trace costs ~0.3 ms: not on every call
-def _not_a_float_scalar(logdensity_fn: Callable, shape: tuple[int, ...], dtype: str) -> str:
-    """What `logdensity_fn` returns for one position, where that is not a float scalar, else ""."""
-    try:
-        out = jax.eval_shape(_unkey(logdensity_fn), jax.ShapeDtypeStruct(shape, dtype))
-    except Exception:  # its own error, where the sampler traces it
-        return ""
-    if not isinstance(out, jax.ShapeDtypeStruct):
-        return type(out).__name__
-    return "" if out.shape == () and jnp.issubdtype(out.dtype, jnp.floating) else f"{out.dtype}{list(out.shape)}"
-
-
-def _check_start(logdensity_fn: Callable, x: jax.Array) -> None:
-    """A chain whose log density or gradient is not finite where it starts
-    never moves (every proposal's weight is NaN or its own is -inf): a named
-    error, before sampling, where the positions are known. A log density that
-    is not a float scalar is one wherever they are."""
-    got = _not_a_float_scalar(_key(logdensity_fn), x.shape[1:], x.dtype.name)
-    if got:
-        raise _invalid(f"logdensity_fn must return a float scalar for one position [{x.shape[-1]}], got {got}",
-                       "sum the terms of the log density: jnp.sum(...) (jax.grad needs a scalar)")
-    if _concrete(x) is None:
-        return
-    logp, grad = _start_values(_key(logdensity_fn))(x)
-    logp, grad = np.asarray(logp), np.asarray(grad)
-    bad = ~np.isfinite(logp) | ~np.isfinite(grad).reshape(len(grad), -1).all(axis=1)
-    if bad.any():
-        chains = np.nonzero(bad)[0].tolist()
-        shown = ", ".join(f"chain {c}: log density {logp[c]}" + ("" if np.isfinite(grad[c]).all() else
-                                                                 ", gradient not finite")
-                          for c in chains[:10])
-        raise _invalid(f"the log density or its gradient is not finite at the initial positions of "
-                       f"{len(chains)} chain(s) ({shown})",
-                       "start every chain inside the support, where logdensity_fn and its gradient are "
-                       "finite (e.g. at a draw from the prior, or at zeros of an unconstrained parametrization)")
-
-
-def _raw_keys(keys: Any, chains: int) -> jax.Array:
-    """`[chains, 2]` raw keys from as many keys, or from ONE key (split in `chains`)."""
-    keys = jnp.asarray(keys) if not isinstance(keys, jax.Array) else keys
-    if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
-        keys = jax.random.key_data(keys)
-    if keys.shape == (2,) and keys.dtype == jnp.uint32:
-        keys = jax.random.split(keys, chains)  # one key for all chains, as BlackJAX users pass
-    if keys.ndim != 2 or keys.dtype != jnp.uint32:
-        raise _invalid(f"keys must be one key, [chains, 2] uint32 (jax.random.split(key, chains)) "
-                         f"or [chains] typed keys; got {keys.shape} {keys.dtype}")
-    return keys
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _split_keys(keys: jax.Array, num_transitions: int, dim: int, dtype: str) -> tuple[jax.Array, jax.Array]:
-    """Each chain's key -> (the tree's key, the standard normal noise of its
-    momenta, one row per transition, in the positions' `dtype`). Drawn before the loop: inside it, a
-    normal draw for the few chains starting a transition would cost every lane."""
-    def one(key):
-        k_tree, k_noise = jax.random.split(key)
-        return k_tree, jax.random.normal(k_noise, (num_transitions, dim), dtype)
-    return jax.vmap(one)(keys)
 
 
 def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matrix: Any,
@@ -929,57 +458,57 @@ def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matr
     try:
         x = jnp.asarray(initial_positions)
     except (TypeError, ValueError) as e:
-        raise _invalid(f"initial_positions must be one array, [chains, dim] or [dim]; got a "
-                       f"{type(initial_positions).__name__} ({e})",
-                       "flatten a pytree of parameters: x, unravel = jax.flatten_util.ravel_pytree(params), and "
-                       "write the log density of the flat vector (see pcbatch.mcmc.convert)") from None
+        raise invalid(f"initial_positions must be one array, [chains, dim] or [dim]; got a "
+                      f"{type(initial_positions).__name__} ({e})",
+                      "flatten a pytree of parameters: x, unravel = jax.flatten_util.ravel_pytree(params), and "
+                      "write the log density of the flat vector (see pcbatch.mcmc.convert)") from None
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.float32)
     if x.ndim == 1 and num_chains is not None:
         x = jnp.broadcast_to(x, (int(num_chains), x.shape[0]))  # every chain starts there
     if x.ndim != 2:
-        raise _invalid(f"initial_positions must be [chains, dim] (or [dim] with num_chains), got shape {x.shape}")
+        raise invalid(f"initial_positions must be [chains, dim] (or [dim] with num_chains), got shape {x.shape}")
     if num_chains is not None and x.shape[0] != num_chains:
-        raise _invalid(f"num_chains={num_chains} but initial_positions has {x.shape[0]} rows")
+        raise invalid(f"num_chains={num_chains} but initial_positions has {x.shape[0]} rows")
     if x.dtype not in (jnp.float32, jnp.float64):
-        raise _invalid(f"pcbatch.mcmc.nuts runs in float32 (or float64 under jax_enable_x64); got "
-                       f"initial_positions of dtype {x.dtype}", "cast them: initial_positions.astype(jnp.float32)")
+        raise invalid(f"pcbatch.mcmc.nuts runs in float32 (or float64 under jax_enable_x64); got "
+                      f"initial_positions of dtype {x.dtype}", "cast them: initial_positions.astype(jnp.float32)")
     chains, dim = x.shape
     if chains == 0 or dim == 0:
-        raise _invalid(f"initial_positions has shape {x.shape}: NUTS needs at least one chain of at least one "
-                       "dimension")
-    values = _concrete(x)
+        raise invalid(f"initial_positions has shape {x.shape}: NUTS needs at least one chain of at least one "
+                      "dimension")
+    values = inputs.concrete(x)
     if values is not None and not np.isfinite(values).all():
         bad = sorted(set(np.nonzero(~np.isfinite(values))[0].tolist()))
-        raise _invalid(f"initial_positions of chain(s) {bad[:10]} are not finite",
-                       "start every chain where the log density is finite")
-    keys = _raw_keys(keys, chains)
+        raise invalid(f"initial_positions of chain(s) {bad[:10]} are not finite",
+                      "start every chain where the log density is finite")
+    keys = inputs.raw_keys(keys, chains)
     if keys.shape[0] != chains:
-        raise _invalid(f"{keys.shape[0]} keys for {chains} chains")
+        raise invalid(f"{keys.shape[0]} keys for {chains} chains")
     if isinstance(step_size, (int, float)) and not isinstance(step_size, bool):
-        step = _constant((), float(step_size), x.dtype.name)
+        step = inputs.constant((), float(step_size), x.dtype.name)
     else:
         step = jnp.asarray(step_size, x.dtype)
-    mass = (_constant((dim,), 1.0, x.dtype.name) if inverse_mass_matrix is None
+    mass = (inputs.constant((dim,), 1.0, x.dtype.name) if inverse_mass_matrix is None
             else jnp.asarray(inverse_mass_matrix, x.dtype))
     if step.ndim not in (0, 1) or (step.ndim == 1 and step.shape[0] != chains):
-        raise _invalid(f"step_size must be a scalar or [chains], got shape {step.shape}")
+        raise invalid(f"step_size must be a scalar or [chains], got shape {step.shape}")
     if mass.shape not in ((dim,), (chains, dim)):
-        raise _invalid(f"inverse_mass_matrix must be diagonal: [dim] or [chains, dim], got {mass.shape}")
+        raise invalid(f"inverse_mass_matrix must be diagonal: [dim] or [chains, dim], got {mass.shape}")
     for name, value in (("step_size", step), ("inverse_mass_matrix", mass)):
-        known = _concrete(value)
+        known = inputs.concrete(value)
         if known is not None and not (np.isfinite(known).all() and (known > 0).all()):
-            raise _invalid(f"{name} must be finite and positive, got {known if known.size <= 8 else known.ravel()[:8]}",
-                           "a step size of 0 never moves a chain; a negative one or a non-positive mass "
-                           "has no meaning in the dynamics")
-    tree_keys, noise = _split_keys(keys, int(num_transitions), dim, x.dtype.name)
+            raise invalid(f"{name} must be finite and positive, got {known if known.size <= 8 else known.ravel()[:8]}",
+                          "a step size of 0 never moves a chain; a negative one or a non-positive mass "
+                          "has no meaning in the dynamics")
+    tree_keys, noise = inputs.split_keys(keys, int(num_transitions), dim, x.dtype.name)
     report_every = report_intervals(chains, int(num_transitions), int(progress_every))
-    int_dtype = _index_dtype()
+    int_dtype = index_dtype()
     if gradient_budget is not None and (int(gradient_budget) != gradient_budget or gradient_budget < 1):
-        raise _invalid(f"gradient_budget must be a positive integer (gradient evaluations per chain), "
-                         f"got {gradient_budget!r}")
+        raise invalid(f"gradient_budget must be a positive integer (gradient evaluations per chain), "
+                      f"got {gradient_budget!r}")
     limit = np.iinfo(int_dtype).max if gradient_budget is None else int(gradient_budget)
-    budget = _constant((chains,), limit, int_dtype)
+    budget = inputs.constant((chains,), limit, int_dtype)
     return (x, tree_keys, noise, step, mass, budget, report_every), step.ndim == 1, mass.ndim == 2
 
 
@@ -1074,21 +603,21 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
     """
     if step_size is None:
         if num_warmup == 0:
-            raise _invalid("step_size is required without warm-up (num_warmup=0)")
+            raise invalid("step_size is required without warm-up (num_warmup=0)")
         step_size = 1.0
     if gradient_budget is not None and num_warmup > 0:
-        raise _invalid("gradient_budget stops chains at different transitions, so it cannot share a call "
-                         "with warm-up: warm up in a call of its own (num_samples=1 is enough), then continue "
-                         "from out.last_position with out.step_size and out.inverse_mass_matrix")
+        raise invalid("gradient_budget stops chains at different transitions, so it cannot share a call "
+                      "with warm-up: warm up in a call of its own (num_samples=1 is enough), then continue "
+                      "from out.last_position with out.step_size and out.inverse_mass_matrix")
     total = num_warmup + num_samples
     every = 0
     if progress_bar:
         every = max(1, total // 10) if progress_every is None else int(progress_every)
         if every < 1:
-            raise _invalid(f"progress_every must be at least 1, got {progress_every}")
+            raise invalid(f"progress_every must be at least 1, got {progress_every}")
     args, per_step, per_mass = prepare(initial_positions, keys, step_size, inverse_mass_matrix, total, num_chains,
                                        every, gradient_budget)
-    _check_start(logdensity_fn, args[0])
+    inputs.check_start(logdensity_fn, args[0])
     prog = sampler(logdensity_fn, num_samples=num_samples, num_warmup=num_warmup, target_accept=target_accept,
                    max_tree_depth=max_tree_depth, leapfrogs_per_leaf=leapfrogs_per_leaf,
                    max_delta_energy=max_delta_energy, uturn_criterion=uturn_criterion,
@@ -1099,10 +628,10 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
                    if leaves_per_step == "auto" else leaves_per_step)
     if not progress_bar:
         return prog(*args)
-    bar = _ProgressBar(total, args[0].shape[0], "NUTS")
-    _PROGRESS.append(bar)
+    bar = reporting.ProgressBar(total, args[0].shape[0], "NUTS")
+    reporting.PROGRESS.append(bar)
     try:
         return jax.block_until_ready(prog(*args))
     finally:
-        _PROGRESS.remove(bar)
+        reporting.PROGRESS.remove(bar)
         bar.close()

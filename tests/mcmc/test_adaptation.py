@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pcbatch.mcmc import adaptation, diagnostics, nuts, targets
+from pcbatch.mcmc import adaptation, diagnostics, nuts, reporting, targets
 
 
 @pytest.mark.parametrize("num_warmup", [10, 19, 20, 50, 149, 150, 151, 300, 1000, 1234])
@@ -79,15 +79,15 @@ def test_window_adaptation_differential_with_progress_bar():
     np.testing.assert_array_equal(np.asarray(args[-1]), [total, every])   # only the last chain reports
     prog = nuts.sampler(_scaled_gaussian, num_samples=samples, num_warmup=warmup, adaptation="window",
                         max_tree_depth=4, progress=True)
-    bar = nuts._ProgressBar(total, chains, "test")
+    bar = reporting.ProgressBar(total, chains, "test")
     calls = []
     update = bar.update
     bar.update = lambda i: (calls.append(np.asarray(i).copy()), update(i))
-    nuts._PROGRESS.append(bar)
+    reporting.PROGRESS.append(bar)
     try:
         out = jax.block_until_ready(prog(*args))
     finally:
-        nuts._PROGRESS.remove(bar)
+        reporting.PROGRESS.remove(bar)
         bar.close()
     # The last chain reported after each chunk of `every` transitions, the last one included.
     assert [int(c.max()) for c in calls] == list(range(every, total, every)) + [total]

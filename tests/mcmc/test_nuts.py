@@ -218,7 +218,7 @@ def _hashing_vector_kernels(hlo: str) -> list[str]:
 
 def test_random_draws_are_hashed_once_per_chain_not_per_coordinate():
     # XLA fuses a chain's random flag into each [chains, dim] select that reads
-    # it and recomputes the hash there per element (`nuts._per_chain`).
+    # it and recomputes the hash there per element (`trajectory.per_chain`).
     chains, dim = 8, 5
     args = nuts.prepare(jnp.zeros((chains, dim)), _keys(0, chains), 0.5, None, 2)[0]
     prog = nuts.sampler(LOGP5, num_samples=2, leaves_per_step=2, uturn_criterion="numpyro")
