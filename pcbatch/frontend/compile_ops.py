@@ -13,8 +13,11 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
-# Hidden name under which generated code reaches jax.numpy.
+from pcbatch.ir.weak import range_counter
+
+# Hidden names under which generated code reaches jax.numpy and a range loop's counter type.
 JNP = "_pcbatch_jnp"
+RANGE_COUNTER = "_pcbatch_range_counter"
 
 
 class OpCompiler:
@@ -29,7 +32,7 @@ class OpCompiler:
                              kw_defaults=[], defaults=[])
         ret = ast.Return(ast.Tuple([ast.Name(o, ast.Load()) for o in outs], ast.Load()))
         op = ast.FunctionDef("_pcbatch_op", args, [stmt, ret], [], None, None, type_params=[])
-        free = sorted(self.closure) + [JNP]
+        free = sorted(self.closure) + [JNP, RANGE_COUNTER]
         make_args = ast.arguments(posonlyargs=[], args=[ast.arg(a) for a in free], kwonlyargs=[],
                                   kw_defaults=[], defaults=[])
         make = ast.FunctionDef("_pcbatch_make", make_args, [op, ast.Return(ast.Name("_pcbatch_op", ast.Load()))],
@@ -39,7 +42,7 @@ class OpCompiler:
         module = ast.fix_missing_locations(ast.Module([make], type_ignores=[]))
         namespace: dict[str, Any] = {}
         exec(compile(module, self.filename, "exec"), self.globals, namespace)
-        return namespace["_pcbatch_make"](**self.closure, **{JNP: jnp})
+        return namespace["_pcbatch_make"](**self.closure, **{JNP: jnp, RANGE_COUNTER: range_counter})
 
     def lookup(self, name: str) -> Any:
         """Resolve a free name the way the function body would, or raise KeyError."""

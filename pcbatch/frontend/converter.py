@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from pcbatch.errors import Loc, MaybeUnboundWarning, UnsupportedSyntaxError
-from pcbatch.frontend.compile_ops import BoolRewriter, OpCompiler
+from pcbatch.frontend.compile_ops import RANGE_COUNTER, BoolRewriter, OpCompiler
 from pcbatch.ir.cfg import simplify
 from pcbatch.ir.core import Block, Branch, Call, Fail, Function, Jump, Op, Prim, Return
 from pcbatch.ir.dataflow import maybe_unbound
@@ -583,9 +583,12 @@ class Converter:
                                    "use a positive step to count up or a negative one to count down.")
         # Python evaluates the bounds once, in order: reassigning `n` in `for i in range(n)`
         # changes no trip count (copies that nothing reassigns are coalesced away later).
-        counter = self.temp()
-        self.assign(counter, self.flatten(start), node)
-        stop_v, step_v = self.snapshot(stop), self.snapshot(step)
+        # In Python the counter is an int: here JAX's default int, weakly typed (`ir.weak.range_counter`).
+        bounds = [self.snapshot(e) for e in (start, stop, step)]
+        counter, stop_v, step_v = self.temp(), self.temp(), self.temp()
+        for name, bound in zip((counter, stop_v, step_v), bounds):
+            typed = ast.parse(f"{RANGE_COUNTER}({bound}, {', '.join(bounds)})", mode="eval").body
+            self.assign(name, ast.fix_missing_locations(ast.copy_location(typed, node)), node)
         if sign is None and not self._static_int(step):  # Python's range() raises ValueError on a 0 step
             nonzero = ast.Compare(ast.Name(step_v, ast.Load()), [ast.NotEq()], [ast.Constant(0)])
             self.fail_unless(ast.fix_missing_locations(ast.copy_location(nonzero, node)), "range() step is 0", node)

@@ -44,6 +44,7 @@ from pcbatch.ir.core import (
 )
 from pcbatch.ir.printer import format_type
 from pcbatch.runtime.dtypes import index_dtype
+from pcbatch.ir.weak import as_typed, is_weak
 from pcbatch.runtime.lanes import cast_to, zeros_of
 from pcbatch.runtime.stacks import StackLayout
 
@@ -98,6 +99,7 @@ def run_prim(op: Prim, read, types: Any, lanes: int | None) -> dict[str, Any]:
     """`op` on a batch: vmapped over the lanes if any input is batched
     (`read(v)` gives `(value, batched)`), each output cast to its type."""
     vals, batched = zip(*(read(v) for v in op.ins)) if op.ins else ((), ())
+    vals = tuple(as_typed(x, types[v]) if is_weak(types[v]) else x for v, x in zip(op.ins, vals))
     if any(batched):
         outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
     else:

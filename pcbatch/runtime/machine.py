@@ -31,6 +31,7 @@ from pcbatch.runtime.config import MachineConfig, Status
 from pcbatch.runtime.loop import block_in, while_loop_recorded
 from pcbatch.runtime.stacks import StackLayout
 from pcbatch.runtime.state import MachineState
+from pcbatch.ir.weak import as_typed, is_weak
 from pcbatch.runtime.lanes import DROP, cast_to, first_true, select_where, zeros_of
 from pcbatch.ir.core import (
     CONSTANT,
@@ -79,6 +80,7 @@ def _masked_plan(block: Block, types: Any, large: set[str]) -> tuple[dict[int, A
 
 def _masked_prim(fn: Any, active: jax.Array, types: Any, op: Prim, get: Any) -> dict[str, Any]:
     vals, batched = zip(*(get(v) for v in op.ins))
+    vals = tuple(as_typed(x, types[v]) if is_weak(types[v]) else x for v, x in zip(op.ins, vals))
     outs = jax.vmap(fn, in_axes=(0,) + tuple(0 if x else None for x in batched))(active, *vals)
     return {v: cast_to(x, types[v], None) for v, x in zip(op.outs, outs)}
 

@@ -1,0 +1,86 @@
+"""A Python number keeps its weak type through the machine, as in the Python
+run: `k = 100` then `x + k` with `x` int8 stays int8 (and wraps), and a
+`range` loop's counter is a Python int, not the bound's dtype."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pcbatch
+
+
+def same(got, want):
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert g.dtype == w.dtype, (g.dtype, w.dtype)
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def check(fn, *args):
+    want = pcbatch.autobatch(fn).reference(*args)
+    for fork in (False, True):
+        f = pcbatch.autobatch(fn, fork=fork, max_steps=10_000)  # a counter that wraps never ends
+        same(f(*args), want)
+        same(jax.jit(f)(*args), want)
+    return want
+
+
+def named_constant(x):
+    k = 100
+    if x + k > 0:  # int8: 100 + 100 wraps to -56
+        return x + k
+    return x - k
+
+
+def test_a_named_python_number_stays_weakly_typed():
+    got = check(named_constant, jnp.array([100, 1, -120, 27], jnp.int8))
+    np.testing.assert_array_equal(got, [0, 101, 36, 127])  # 100+100 wraps to -56: 100-100; -120-100 wraps to 36
+
+
+def recursive_sum(x, n):
+    k = 100
+    if n <= 0:
+        return jnp.where(x + k > 0, 1, 0)  # int8: x + k wraps below 0 for x > 27
+    return recursive_sum(x, n - 1) + recursive_sum(x + 1, n - 2)
+
+
+def test_a_weak_constant_in_a_forked_recursion():
+    got = check(recursive_sum, jnp.array([50, -7, 100, 20], jnp.int8), jnp.array([3, 1, 4, 0]))
+    assert int(got[2]) == 0 and int(got[3]) == 1
+
+
+def squares(n):
+    acc = jnp.int32(0)
+    for i in range(n):
+        acc = acc + i * i  # i is a Python int: no int8 wrap
+    return acc
+
+
+def countdown(n):
+    acc = 0
+    for i in range(n, 0, -1):
+        acc = acc + i  # int32, as the Python run's ints stack
+    return acc
+
+
+def doubling(h, n):
+    for i in range(n):
+        h = h * 2 + i  # h stays int8
+    return h
+
+
+def count_up(n):
+    acc = 0
+    for i in range(0, n, 100):  # uint8: 0, 100, 200, then 300 ends it (it wrapped to 44: forever)
+        acc = acc + i
+    return acc
+
+
+@pytest.mark.parametrize("fn, args, expected", [
+    (squares, (jnp.array([20, 5, 30], jnp.int8),), [2470, 30, 8555]),
+    (countdown, (jnp.array([0, 5, 255], jnp.uint8),), [0, 15, 32640]),
+    (doubling, (jnp.array([3, 100, 1], jnp.int8), jnp.array([2, 3, 4])), [13, 36, 27]),
+    (count_up, (jnp.array([0, 5, 255], jnp.uint8),), [0, 0, 300]),
+])
+def test_a_range_counter_is_a_python_int(fn, args, expected):
+    got = check(fn, *args)
+    np.testing.assert_array_equal(got, expected)
