@@ -307,6 +307,9 @@ class Converter:
                 setattr(node, name, self.flatten(value))
             elif isinstance(value, list):
                 setattr(node, name, [self.flatten(v) if isinstance(v, ast.expr) else v for v in value])
+        if isinstance(node, ast.Call):  # a keyword's value is an expression too (`add(a=x, b=y or 7)`)
+            for k in node.keywords:
+                k.value = self.flatten(k.value)
         return node
 
     def has_batched_call(self, node: ast.AST) -> bool:
