@@ -13,11 +13,11 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
-from pcbatch.ir.weak import range_counter
+from pcbatch.frontend import python_ops
 
-# Hidden names under which generated code reaches jax.numpy and a range loop's counter type.
+# Hidden names under which generated code reaches jax.numpy and python_ops.
 JNP = "_pcbatch_jnp"
-RANGE_COUNTER = "_pcbatch_range_counter"
+PY = "_pcbatch_py"
 
 
 class OpCompiler:
@@ -32,7 +32,7 @@ class OpCompiler:
                              kw_defaults=[], defaults=[])
         ret = ast.Return(ast.Tuple([ast.Name(o, ast.Load()) for o in outs], ast.Load()))
         op = ast.FunctionDef("_pcbatch_op", args, [stmt, ret], [], None, None, type_params=[])
-        free = sorted(self.closure) + [JNP, RANGE_COUNTER]
+        free = sorted(self.closure) + [JNP, PY]
         make_args = ast.arguments(posonlyargs=[], args=[ast.arg(a) for a in free], kwonlyargs=[],
                                   kw_defaults=[], defaults=[])
         make = ast.FunctionDef("_pcbatch_make", make_args, [op, ast.Return(ast.Name("_pcbatch_op", ast.Load()))],
@@ -42,7 +42,7 @@ class OpCompiler:
         module = ast.fix_missing_locations(ast.Module([make], type_ignores=[]))
         namespace: dict[str, Any] = {}
         exec(compile(module, self.filename, "exec"), self.globals, namespace)
-        return namespace["_pcbatch_make"](**self.closure, **{JNP: jnp, RANGE_COUNTER: range_counter})
+        return namespace["_pcbatch_make"](**self.closure, **{JNP: jnp, PY: python_ops})
 
     def lookup(self, name: str) -> Any:
         """Resolve a free name the way the function body would, or raise KeyError."""
@@ -57,13 +57,35 @@ class OpCompiler:
 
 class BoolRewriter(ast.NodeTransformer):
     """`and`/`or`/`not` and chained comparisons on traced values call `bool()`,
-    which JAX cannot do; over booleans they equal jnp's logical ops."""
+    which JAX cannot do; over booleans they equal jnp's logical ops. Inside a
+    comprehension, whose operands are often Python values (`i` from `range`),
+    they call `python_ops` instead, which keeps Python's semantics there.
+
+    `where(node)` is (filename, lineno, line) of a node, for errors."""
+
+    def __init__(self, where: Callable[[ast.AST], tuple[str, int, str]]):
+        self.where = where
+        self.comprehensions = 0
+
+    def _call(self, module: str, fn: str, *args: ast.expr) -> ast.expr:
+        return ast.Call(ast.Attribute(ast.Name(module, ast.Load()), fn, ast.Load()), list(args), [])
 
     def _jnp(self, fn: str, *args: ast.expr) -> ast.expr:
-        return ast.Call(ast.Attribute(ast.Name(JNP, ast.Load()), fn, ast.Load()), list(args), [])
+        return self._call(JNP, fn, *args)
+
+    @staticmethod
+    def _thunk(value: ast.expr) -> ast.expr:
+        """`lambda: value`, so that python_ops evaluates it only where Python would."""
+        no_args = ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[],
+                                kwarg=None, defaults=[])
+        return ast.copy_location(ast.Lambda(no_args, value), value)
 
     def visit_BoolOp(self, node: ast.BoolOp) -> ast.expr:
         values = [self.visit(v) for v in node.values]
+        if self.comprehensions:
+            out = self._call(PY, "bool_op", ast.Constant(isinstance(node.op, ast.And)),
+                             ast.Constant(self.where(node)), values[0], *map(self._thunk, values[1:]))
+            return ast.copy_location(out, node)
         fn = "logical_and" if isinstance(node.op, ast.And) else "logical_or"
         out = values[0]
         for v in values[1:]:
@@ -72,13 +94,19 @@ class BoolRewriter(ast.NodeTransformer):
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
         if isinstance(node.op, ast.Not):
-            return ast.copy_location(self._jnp("logical_not", self.visit(node.operand)), node)
+            operand = self.visit(node.operand)
+            out = self._call(PY, "not_", operand) if self.comprehensions else self._jnp("logical_not", operand)
+            return ast.copy_location(out, node)
         return self.generic_visit(node)
 
     def visit_Compare(self, node: ast.Compare) -> ast.expr:
         node = self.generic_visit(node)
         if len(node.ops) == 1:
             return node
+        if self.comprehensions:
+            ops = ast.Constant(tuple(type(op).__name__ for op in node.ops))
+            return ast.copy_location(self._call(PY, "compare", node.left, ops, *map(self._thunk, node.comparators)),
+                                     node)
         operands = [node.left, *node.comparators]
         parts = [ast.Compare(operands[i], [op], [operands[i + 1]]) for i, op in enumerate(node.ops)]
         out = parts[0]
@@ -86,6 +114,15 @@ class BoolRewriter(ast.NodeTransformer):
             out = self._jnp("logical_and", out, p)
         return ast.copy_location(out, node)
 
-    # Lambdas and comprehensions are user code we leave alone.
+    def _comprehension(self, node: ast.expr) -> ast.expr:
+        self.comprehensions += 1
+        try:
+            return self.generic_visit(node)
+        finally:
+            self.comprehensions -= 1
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comprehension
+
+    # Lambdas are user code we leave alone.
     def visit_Lambda(self, node: ast.Lambda) -> ast.expr:
         return node

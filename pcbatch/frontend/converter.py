@@ -13,11 +13,11 @@ import inspect
 import linecache
 import textwrap
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, Callable, Optional
 
 from pcbatch.errors import Loc, MaybeUnboundWarning, UnsupportedSyntaxError
-from pcbatch.frontend.compile_ops import RANGE_COUNTER, BoolRewriter, OpCompiler
+from pcbatch.frontend.compile_ops import PY, BoolRewriter, OpCompiler
 from pcbatch.ir.cfg import simplify
 from pcbatch.ir.core import Block, Branch, Call, Fail, Function, Jump, Op, Prim, Return
 from pcbatch.ir.dataflow import maybe_unbound
@@ -188,7 +188,7 @@ class Converter:
         self.blocks: list[_Block] = []
         self.cur: int | None = None
         self.loops: list[tuple[int, int]] = []  # (continue target, break target)
-        self.bool_rewriter = BoolRewriter()
+        self.bool_rewriter = BoolRewriter(lambda n: astuple(self.loc(n)))
 
     # --- helpers ---------------------------------------------------------
 
@@ -586,11 +586,11 @@ class Converter:
                                    "use a positive step to count up or a negative one to count down.")
         # Python evaluates the bounds once, in order: reassigning `n` in `for i in range(n)`
         # changes no trip count (copies that nothing reassigns are coalesced away later).
-        # In Python the counter is an int: here JAX's default int, weakly typed (`ir.weak.range_counter`).
+        # In Python the counter is an int: here JAX's default int, weakly typed (`python_ops.range_counter`).
         bounds = [self.snapshot(e) for e in (start, stop, step)]
         counter, stop_v, step_v = self.temp(), self.temp(), self.temp()
         for name, bound in zip((counter, stop_v, step_v), bounds):
-            typed = ast.parse(f"{RANGE_COUNTER}({bound}, {', '.join(bounds)})", mode="eval").body
+            typed = ast.parse(f"{PY}.range_counter({bound}, {', '.join(bounds)})", mode="eval").body
             self.assign(name, ast.fix_missing_locations(ast.copy_location(typed, node)), node)
         if sign is None and not self._static_int(step):  # Python's range() raises ValueError on a 0 step
             nonzero = ast.Compare(ast.Name(step_v, ast.Load()), [ast.NotEq()], [ast.Constant(0)])

@@ -36,20 +36,3 @@ def as_typed(value: Any, t: Any) -> Any:
     def leaf(x: Any, s: Any) -> Any:
         return weakly_typed(x) if getattr(s, "weak_type", False) and isinstance(x, jax.Array) else x
     return jax.tree_util.tree_map(leaf, value, t)
-
-
-def range_counter(value: Any, *bounds: Any) -> Any:
-    """`value`, one of `range(...)`'s bounds, in the type of the loop's counter.
-    In Python the counter is an int: here JAX's default int, weakly typed (so
-    `i * i` does not wrap where the bound is int8, and `h * 2 + i` with `h`
-    int8 stays int8), unless a bound holds values the default int cannot (a
-    uint32 bound without x64): then the bounds' joined dtype, as before."""
-    dtypes = [jnp.result_type(b) for b in bounds]
-    if not all(jnp.issubdtype(d, jnp.integer) or d == jnp.bool_ for d in dtypes):
-        return value  # not a range of ints: Python's range raises, and so does the code after
-    default = np.dtype(jax.dtypes.canonicalize_dtype(jnp.int_))  # int32, or int64 under x64
-    wide = [d for d in dtypes if d != jnp.bool_ and (np.iinfo(d).min < np.iinfo(default).min
-                                                     or np.iinfo(d).max > np.iinfo(default).max)]
-    if wide:
-        return jnp.asarray(value, jnp.result_type(*dtypes))
-    return weakly_typed(jnp.asarray(value, default))

@@ -47,3 +47,28 @@ def test_keyword_arguments_are_flattened(fork):
     f = kw_fib.with_options(fork=fork)
     n = jnp.array([0, 1, 5, 7])
     same(f(n), kw_fib.reference(n))
+
+
+# --- `and`/`or`/`not`/chained comparisons inside comprehensions ---------------
+
+def comprehension_boolops(x):
+    a = sum([i and x for i in range(3)]) + sum([i or x for i in range(3)])  # Python's `and` on range's ints
+    b = sum([x for i in range(4) if i > 0 and i < 3]) + sum([x * (0 < i < 2) for i in range(3)])
+    c = sum([x for i in range(3) if not i]) + sum([(x > i) and (x < 5) for i in range(3)])
+    d = sum([1 < x < 5 for i in range(2)]) + sum([x for i in range(3) if 0 < i < 2 or not i])
+    return a, b, c, d
+
+
+@FORKS
+def test_comprehension_boolops_keep_python_semantics(fork):
+    check(comprehension_boolops, jnp.array([5, 7, 2, 0]), fork=fork)
+
+
+def traced_and_in_comprehension(x):
+    return sum([x and i for i in range(3)])
+
+
+def test_comprehension_and_on_a_traced_number_is_a_named_error():
+    f = pcbatch.autobatch(traced_and_in_comprehension)
+    with pytest.raises(pcbatch.UnsupportedSyntaxError, match=r"(?s)`and` on a per-example value.*x and i.*jnp.where"):
+        f(jnp.array([5, 7]))

@@ -1,0 +1,95 @@
+"""Python's semantics where generated code needs them at run time: `and`/`or`/
+`not` and chained comparisons inside a comprehension, and the type of a
+`range` loop's counter (`range_counter`).
+
+A comprehension's operands are often plain Python values (`i` from `range(3)`),
+where Python's own operators must run (`i and x` is `x` or `0`, not a bool);
+on traced per-example booleans the logical ops give the same values. Any other
+traced operand has no truth value a trace can branch on: a named error.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pcbatch.errors import Loc, UnsupportedSyntaxError
+from pcbatch.ir.weak import weakly_typed
+
+_COMPARE: dict[str, Callable[[Any, Any], Any]] = {
+    "Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le, "Gt": operator.gt,
+    "GtE": operator.ge, "Is": operator.is_, "IsNot": operator.is_not,
+    "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b,
+}
+
+
+def _traced(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _is_bool(x: Any) -> bool:
+    return isinstance(x, bool) or getattr(x, "dtype", None) == jnp.bool_
+
+
+def bool_op(is_and: bool, where: tuple[str, int, str], first: Any, *rest: Callable[[], Any]) -> Any:
+    """`first and rest[0]() and ...` (`or` where not `is_and`): each operand only
+    where Python would evaluate it."""
+    out = first
+    for operand in rest:
+        if not _traced(out):
+            if bool(out) != is_and:  # `and` stops at a falsy value, `or` at a truthy one
+                return out
+            out = operand()
+            continue
+        value = operand()
+        if not _is_bool(out) or not _is_bool(value):
+            word = "and" if is_and else "or"
+            pick = "jnp.where(a, b, a)" if is_and else "jnp.where(a, a, b)"
+            raise UnsupportedSyntaxError(
+                f"`{word}` on a per-example value that is not a boolean, inside a comprehension", Loc(*where),
+                f"Python would branch on each example's value: write `a {word} b` as {pick}, or compare "
+                f"first (`a != 0 {word} ...`), or write the loop as `for i in range(n):` in the function body. "
+                f"See README.md, 'Supported Python'.")
+        out = (jnp.logical_and if is_and else jnp.logical_or)(out, value)
+    return out
+
+
+def not_(value: Any) -> Any:
+    return jnp.logical_not(value) if _traced(value) else not value
+
+
+def compare(left: Any, ops: tuple[str, ...], *rights: Callable[[], Any]) -> Any:
+    """`left op0 r0 op1 r1 ...`, each operand evaluated once, stopping at the first
+    concrete False; traced comparisons (booleans) are joined with logical_and."""
+    out = None
+    for op, right in zip(ops, rights):
+        value = right()
+        step = _COMPARE[op](left, value)
+        if out is None or not (_traced(out) or _traced(step)):
+            out = step  # so far a concrete True, which passes on (jnp would trace Python values)
+        else:
+            out = jnp.logical_and(out, step)
+        if not _traced(out) and not out:
+            return out
+        left = value
+    return out
+
+
+def range_counter(value: Any, *bounds: Any) -> Any:
+    """`value`, one of `range(...)`'s bounds, in the type of the loop's counter.
+    In Python the counter is an int: here JAX's default int, weakly typed (so
+    `i * i` does not wrap where the bound is int8, and `h * 2 + i` with `h`
+    int8 stays int8), unless a bound holds values the default int cannot (a
+    uint32 bound without x64): then the bounds' joined dtype, as before."""
+    dtypes = [jnp.result_type(b) for b in bounds]
+    if not all(jnp.issubdtype(d, jnp.integer) or d == jnp.bool_ for d in dtypes):
+        return value  # not a range of ints: Python's range raises, and so does the code after
+    default = np.dtype(jax.dtypes.canonicalize_dtype(jnp.int_))  # int32, or int64 under x64
+    wide = [d for d in dtypes if d != jnp.bool_ and (np.iinfo(d).min < np.iinfo(default).min
+                                                     or np.iinfo(d).max > np.iinfo(default).max)]
+    if wide:
+        return jnp.asarray(value, jnp.result_type(*dtypes))
+    return weakly_typed(jnp.asarray(value, default))
