@@ -82,17 +82,24 @@ def _free_loads(node: ast.AST) -> list[str]:
             if n.id not in bound and n.id not in seen:
                 seen.append(n.id)
             return
+        if isinstance(n, ast.Lambda):  # its defaults are read where it is defined
+            a = n.args
+            for d in a.defaults + [d for d in a.kw_defaults if d is not None]:
+                visit(d, bound)
+            visit(n.body, bound | {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs
+                                   + [p for p in (a.vararg, a.kwarg) if p is not None]})
+            return
         if isinstance(n, _SCOPES):
-            inner = set(bound)
-            if isinstance(n, ast.Lambda):
-                inner |= {a.arg for a in n.args.args + n.args.posonlyargs + n.args.kwonlyargs}
-            else:
-                for gen in n.generators:
-                    for t in ast.walk(gen.target):
-                        if isinstance(t, ast.Name):
-                            inner.add(t.id)
-            for child in ast.iter_child_nodes(n):
-                visit(child, frozenset(inner))
+            # Python evaluates the first iterable in the enclosing scope (`[x for x in x]`),
+            # each later part with the targets bound so far.
+            inner = bound
+            for gen in n.generators:
+                visit(gen.iter, inner)
+                inner = inner | {t.id for t in ast.walk(gen.target) if isinstance(t, ast.Name)}
+                for cond in gen.ifs:
+                    visit(cond, inner)
+            for part in (n.key, n.value) if isinstance(n, ast.DictComp) else (n.elt,):
+                visit(part, inner)
             return
         for child in ast.iter_child_nodes(n):
             visit(child, bound)

@@ -72,3 +72,20 @@ def test_comprehension_and_on_a_traced_number_is_a_named_error():
     f = pcbatch.autobatch(traced_and_in_comprehension)
     with pytest.raises(pcbatch.UnsupportedSyntaxError, match=r"(?s)`and` on a per-example value.*x and i.*jnp.where"):
         f(jnp.array([5, 7]))
+
+
+# --- a comprehension's first iterable is read in the enclosing scope ----------
+
+x = jnp.zeros(3, jnp.int32)  # a global `x` that `[x for x in x]` must not read
+
+
+def comprehension_shadows(x, y):
+    a = sum([x for x in x])
+    b = sum([v * y for y in y for v in y])
+    c = sum({i: y * i for i, y in enumerate(y)}.values())
+    return a, b, c
+
+
+@FORKS
+def test_comprehension_iterable_reads_the_enclosing_scope(fork):
+    check(comprehension_shadows, jnp.arange(6).reshape(2, 3), jnp.arange(8).reshape(2, 2, 2), fork=fork)
