@@ -186,12 +186,12 @@ class Converter:
         self.compiler = OpCompiler(fn, self.filename)
         self.compiler.closure.update(constants or {})
         self.params = tuple(p for p in self._params() if p not in (constants or {}))
-        self._inline_named_lambdas()
         self.locals = set(self.params) | _assigned_names(self.fdef.body)
         self.temp_prefix = "_t"
         while any(v.startswith(self.temp_prefix) for v in self.locals):
             self.temp_prefix = "_" + self.temp_prefix
         self.ntemps = 0
+        self._inline_named_lambdas()
         self.blocks: list[_Block] = []
         self.cur: int | None = None
         self.loops: list[tuple[int, int]] = []  # (continue target, break target)
@@ -417,16 +417,38 @@ class Converter:
                                              "assigned once and the lambda does not call itself",
                                        "define a module-level function (decorate it with @pcbatch.autobatch if "
                                        "it recurses).")
+            defaults = self._bind_lambda_defaults(fn)
             if any(isinstance(n, (ast.IfExp, ast.BoolOp)) for n in ast.walk(fn)):
                 raise self.unsupported(fn, "a lambda with control flow is not supported",
                                        "define a module-level function, or use jnp.where.")
             _LambdaInliner(name, fn, self).visit(ast.Module(body[i + 1:], []))
-            body[i] = ast.copy_location(ast.Pass(), stmt)
+            self.locals.discard(name)  # no longer assigned: its calls are the lambda itself
+            body[i] = defaults or ast.copy_location(ast.Pass(), stmt)
+        body[:] = [s for part in body for s in (part if isinstance(part, list) else [part])]
         for n in ast.walk(self.fdef):
             if isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda):
                 raise self.unsupported(n, "a lambda assigned to a variable is supported only by a statement of "
                                           "the function's own body (not inside `if`, loops or tuples)",
                                        "assign it at the top of the function, or define a module-level function.")
+
+    def _bind_lambda_defaults(self, fn: ast.Lambda) -> list[ast.stmt]:
+        """Python evaluates a lambda's defaults where it is defined: each default that
+        reads a local (or calls an autobatched function) is assigned to a temporary there,
+        which the inlined copies read. Defaults of constants and globals stay in place
+        (static values, e.g. an `axis=0`)."""
+        a = fn.args
+        stmts: list[ast.stmt] = []
+
+        def bind(d: ast.expr | None) -> ast.expr | None:
+            if d is None or not (self.locals & set(_free_loads(d)) or self.has_batched_call(d)):
+                return d
+            t = self.temp()
+            stmts.append(ast.copy_location(ast.Assign([ast.Name(t, ast.Store())], d), d))
+            return ast.copy_location(ast.Name(t, ast.Load()), d)
+
+        a.defaults = [bind(d) for d in a.defaults]
+        a.kw_defaults = [bind(d) for d in a.kw_defaults]
+        return stmts
 
     def _params(self) -> tuple[str, ...]:
         a = self.fdef.args

@@ -89,3 +89,19 @@ def comprehension_shadows(x, y):
 @FORKS
 def test_comprehension_iterable_reads_the_enclosing_scope(fork):
     check(comprehension_shadows, jnp.arange(6).reshape(2, 3), jnp.arange(8).reshape(2, 2, 2), fork=fork)
+
+
+# --- a named lambda's defaults are evaluated where it is defined --------------
+
+def lambda_defaults(n):
+    y = n + 1
+    g = lambda v, k=y: v * k  # noqa: E731 -- k is n + 1, whatever y is later
+    m = lambda v, k=kw_fib(n), c=(y if y > 3 else -y): v + k + c  # noqa: E731
+    h = lambda v, axis=0: jnp.sum(v, axis=axis)  # noqa: E731 -- a constant default stays static
+    y = n + 100
+    return g(2) + m(y) + h(jnp.stack([y, n]))
+
+
+@FORKS
+def test_lambda_defaults_are_read_at_the_definition(fork):
+    check(lambda_defaults, jnp.array([1, 2, 3, 6]), fork=fork)
