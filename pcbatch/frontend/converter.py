@@ -294,6 +294,8 @@ class Converter:
             _is_boolish(node) and not any(self.has_batched_call(v) for v in node.values[1:])
         ):
             return ast.copy_location(ast.Name(self.short_circuit(node), ast.Load()), node)
+        if isinstance(node, ast.Compare) and any(self.has_batched_call(c) for c in node.comparators[1:]):
+            return ast.copy_location(ast.Name(self.chained_compare(node), ast.Load()), node)
         if isinstance(node, ast.NamedExpr):
             raise self.unsupported(node, "the walrus operator `:=` is not supported",
                                    "assign on a separate line.")
@@ -369,6 +371,25 @@ class Converter:
             self.terminate(Branch(out, nxt if is_and else join, join if is_and else nxt, self.loc(value)))
             self.cur = nxt
             self.assign(out, self.flatten(value), value)
+        self.terminate(Jump(join))
+        self.cur = join
+        return out
+
+    def chained_compare(self, node: ast.Compare) -> str:
+        """`a < b < f(c)` is `a < b and b < f(c)` with `b` evaluated once: a later
+        comparison (and its call) only where the earlier ones hold."""
+        out = self.temp()
+        join = self.new_block("compare.join", self.loc(node))
+        left = self.atom(node.left)
+        for k, (op, right) in enumerate(zip(node.ops, node.comparators)):
+            if k:
+                nxt = self.new_block("compare.next", self.loc(right))
+                self.terminate(Branch(out, nxt, join, self.loc(right)))
+                self.cur = nxt
+            value = self.atom(right)
+            test = ast.Compare(ast.Name(left, ast.Load()), [op], [ast.Name(value, ast.Load())])
+            self.assign(out, ast.copy_location(test, node), node)
+            left = value
         self.terminate(Jump(join))
         self.cur = join
         return out

@@ -105,3 +105,25 @@ def lambda_defaults(n):
 @FORKS
 def test_lambda_defaults_are_read_at_the_definition(fork):
     check(lambda_defaults, jnp.array([1, 2, 3, 6]), fork=fork)
+
+
+# --- a chained comparison short-circuits past an autobatched call -------------
+
+@pcbatch.autobatch(max_stack_depth=16)
+def down(n):
+    if 0 < n < down(n - 1) + 100:  # down(n - 1) only where 0 < n: else it never ends
+        return n
+    return 0
+
+
+@pcbatch.autobatch(max_stack_depth=16)
+def chained_value(n):
+    r = n > 0 <= n - 1 < down(n - 1) + 2 != 7  # a value, not a branch: the last comparison made
+    return jnp.where(r, n, -n) + (0 < n == n < chained_value(n - 1) + 50)
+
+
+@FORKS
+def test_chained_comparison_with_a_call_short_circuits(fork):
+    n = jnp.array([3, 2, 0, 5, -1])
+    for f in (down, chained_value):
+        same(f.with_options(fork=fork)(n), f.reference(n))
