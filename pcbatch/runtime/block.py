@@ -12,6 +12,8 @@ differentiates `block_dataflow` on taped rows.
 """
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -108,18 +110,34 @@ def run_prim(op: Prim, read, types: Any, lanes: int | None) -> dict[str, Any]:
     for v, x in zip(op.outs, outs):
         try:  # a Python int beyond the joined dtype: JAX refuses it; a Python float: JAX makes it inf
             if _overflows(x, types[v]):
-                raise OverflowError(f"{x!r} is inf in {format_type(types[v])}")
+                raise OverflowError(f"{x!r} does not fit {format_type(types[v])}")
             cast[v] = cast_to(x, types[v], None if any(batched) else lanes)
         except OverflowError as e:
-            raise DtypeOverflowError(v, f"{x!r}", format_type(types[v]), op.loc) from e
+            shown = x.item() if isinstance(x, jax.Array) and x.size == 1 else x  # a literal, as written
+            raise DtypeOverflowError(v, f"{shown!r}", format_type(types[v]), op.loc) from e
     return cast
 
 
 def _overflows(value: Any, t: Any) -> bool:
-    """Whether a finite Python float in `value` becomes inf in its leaf's dtype."""
+    """Whether a Python number in `value` does not fit its leaf's dtype: a
+    finite float that becomes inf there, or (known when the program is
+    traced) a weakly typed constant an assignment narrows, such as the `300`
+    of `return 300` beside an int8 return, which would wrap."""
+    def leaf(x: Any, s: Any) -> bool:
+        if isinstance(x, float):
+            return np.isfinite(x) and not np.all(np.isfinite(np.asarray(x, s.dtype)))
+        if not (getattr(x, "weak_type", False) and isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+                and x.dtype != s.dtype):
+            return False
+        got = np.asarray(x)
+        if np.issubdtype(s.dtype, np.integer) and np.issubdtype(got.dtype, np.integer):
+            info = np.iinfo(s.dtype)
+            return bool(np.any((got < info.min) | (got > info.max)))
+        if np.issubdtype(s.dtype, np.floating):
+            return bool(np.any(np.isfinite(got) & ~np.isfinite(got.astype(s.dtype))))
+        return False
     with np.errstate(over="ignore"):
-        return any(isinstance(x, float) and np.isfinite(x) and not np.all(np.isfinite(np.asarray(x, s.dtype)))
-                   for x, s in zip(jax.tree_util.tree_leaves(value), jax.tree_util.tree_leaves(t)))
+        return any(leaf(x, s) for x, s in zip(jax.tree_util.tree_leaves(value), jax.tree_util.tree_leaves(t)))
 
 
 def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, types: Any,
@@ -252,7 +270,14 @@ def eval_prelude(prog: StackProgram, inputs: dict[str, Any]) -> tuple[dict[str, 
         return (inv[v], True) if v in inv else (consts[v], False)
 
     for op in prog.prelude:
-        for v, x in run_prim(op, read, prog.var_types, None).items():
+        # A Python number (`return 300` goes through a constant `_t = 300`) stays a concrete
+        # value, so that an assignment that narrows it is checked (`_overflows`) as Python's would be.
+        literal = not op.ins and all(is_weak(prog.var_types[v]) for v in op.outs)
+        with jax.ensure_compile_time_eval() if literal else contextlib.nullcontext():
+            values = run_prim(op, read, prog.var_types, None)
+            if literal:
+                values = {v: as_typed(x, prog.var_types[v]) for v, x in values.items()}
+        for v, x in values.items():
             (inv if prog.var_class.get(v) == INVARIANT else consts)[v] = x
     return consts, inv
 

@@ -84,3 +84,35 @@ def count_up(n):
 def test_a_range_counter_is_a_python_int(fn, args, expected):
     got = check(fn, *args)
     np.testing.assert_array_equal(got, expected)
+
+
+def returns_literal(x):
+    if x > 0:
+        return 300  # beside an int8 return: it would wrap to 44
+    return x
+
+
+def returns_small_literal(x):
+    if x > 0:
+        return 100
+    return x
+
+
+def returns_float_literal(x):
+    if x > 0:
+        return 1e5  # beside a float16 return: inf there
+    return x
+
+
+@pytest.mark.parametrize("fork", [False, True])
+def test_a_returned_python_number_that_does_not_fit_is_a_named_error(fork):
+    """As for `v = 300` (a Python number assigned beside a narrower type), checked
+    when the program is built, on every path."""
+    x = jnp.array([1, -1, 2], jnp.int8)
+    small = pcbatch.autobatch(returns_small_literal, fork=fork)
+    same(small(x), small.reference(x))
+    for f, arg in [(pcbatch.autobatch(returns_literal, fork=fork), x),
+                   (pcbatch.autobatch(returns_float_literal, fork=fork), x.astype(jnp.float16))]:
+        for call in (f, jax.jit(f)):
+            with pytest.raises(pcbatch.DtypeOverflowError, match=r"is (300|100000\.0) here"):
+                call(arg)
