@@ -99,16 +99,36 @@ class BoolRewriter(ast.NodeTransformer):
             return ast.copy_location(out, node)
         return self.generic_visit(node)
 
+    def _membership(self, left: ast.expr, op: ast.cmpop, right: ast.expr) -> ast.expr | None:
+        """`x in (0, 1)` over a literal tuple or list: `x == 0 or x == 1`, as
+        Python's `in` compares (on a traced `x` it cannot call `bool()`; a set
+        would hash `x`, which Python cannot either)."""
+        if not (isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List))
+                and right.elts and not any(isinstance(e, ast.Starred) for e in right.elts)):
+            return None
+        value = ast.Name("_pcbatch_member", ast.Load())  # `x` evaluated once, as Python does
+        out = None
+        for e in right.elts:
+            eq = ast.Compare(value, [ast.Eq()], [e])
+            out = eq if out is None else self._jnp("logical_or", out, eq)
+        if isinstance(op, ast.NotIn):
+            out = self._jnp("logical_not", out)
+        args = ast.arguments(posonlyargs=[], args=[ast.arg("_pcbatch_member")], vararg=None, kwonlyargs=[],
+                             kw_defaults=[], kwarg=None, defaults=[])
+        return ast.Call(ast.Lambda(args, out), [left], [])
+
     def visit_Compare(self, node: ast.Compare) -> ast.expr:
         node = self.generic_visit(node)
         if len(node.ops) == 1:
-            return node
+            member = None if self.comprehensions else self._membership(node.left, node.ops[0], node.comparators[0])
+            return node if member is None else ast.copy_location(member, node)
         if self.comprehensions:
             ops = ast.Constant(tuple(type(op).__name__ for op in node.ops))
             return ast.copy_location(self._call(PY, "compare", node.left, ops, *map(self._thunk, node.comparators)),
                                      node)
         operands = [node.left, *node.comparators]
-        parts = [ast.Compare(operands[i], [op], [operands[i + 1]]) for i, op in enumerate(node.ops)]
+        parts = [self._membership(operands[i], op, operands[i + 1]) or ast.Compare(operands[i], [op], [operands[i + 1]])
+                 for i, op in enumerate(node.ops)]
         out = parts[0]
         for p in parts[1:]:
             out = self._jnp("logical_and", out, p)

@@ -180,8 +180,11 @@ class _Loops:
         launched = [c for c in calls if not set(c.args) & tainted]
         if not launched:
             c = calls[0]
-            return (f"{where}: the call to {c.callee}{_line(c.loc)} reads "
-                    f"{', '.join(sorted(set(c.args) & tainted))}, which depends on a call's result: "
+            # A temporary's name means nothing in the listing (the printer renumbers them).
+            named = sorted(v for v in set(c.args) & tainted if not re.match(r"_+t\d+$", v.rpartition(".")[2]))
+            reads = (f"reads {', '.join(f'`{v}`' for v in named)}, which depends" if named
+                     else "has an argument that depends")
+            return (f"{where}: the call to {c.callee}{_line(c.loc)} {reads} on a call's result: "
                     "its calls run one after another")
         for c in calls:
             if not any(c is d for d in launched) and c.callee in self.launching:

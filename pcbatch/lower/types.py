@@ -67,6 +67,13 @@ def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
     try:
         return jax.eval_shape(op.fn, *in_types)
     except Exception as e:
+        if isinstance(e, TypeError) and op.loc is not None and any(t is None for t in in_types):
+            names = ", ".join(f"`{v.rpartition('.')[2]}`" for v, t in zip(op.ins, in_types) if t is None)
+            raise UnsupportedSyntaxError(
+                f"{names} is None here, and `{op.text}` cannot use None ({e}). pcbatch compiles every path "
+                "of the function, also one that Python skips for None (`if y is None: ...`)", op.loc,
+                "pass a value for it, or call a function that does not take it (functools.partial, or a "
+                "second function without that parameter).") from e
         where = f" at {op.loc}" if op.loc else ""
         note = (f"pcbatch: while tracing `{op.text}`{where} (per-example input types: "
                 f"{', '.join(format_type(t) for t in in_types) or 'none'}).")

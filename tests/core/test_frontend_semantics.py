@@ -127,3 +127,33 @@ def test_chained_comparison_with_a_call_short_circuits(fork):
     n = jnp.array([3, 2, 0, 5, -1])
     for f in (down, chained_value):
         same(f.with_options(fork=fork)(n), f.reference(n))
+
+
+def membership(op, a, b):
+    if op in (0, 1):
+        a = a + b
+    if op not in [2, 5]:
+        a = a * 2
+    if 0 <= op in (1, 2, 3):
+        a = a - 1
+    return a * b
+
+
+@pytest.mark.parametrize("fork", [False, True])
+def test_membership_in_a_literal_tuple_compares_like_python(fork):
+    args = jnp.array([0, 1, 2, 3, 5, -1]), jnp.array([2, 3, 4, 5, 6, 7]), jnp.array([5, 6, 7, 8, 9, 10])
+    check(membership, *args, fork=fork)
+
+
+def optional_offset(x, y=None):
+    if y is None:
+        return x
+    return x + y
+
+
+def test_a_parameter_left_at_none_is_a_named_error():
+    f = pcbatch.autobatch(optional_offset)
+    np.testing.assert_array_equal(f(jnp.arange(3), jnp.ones(3, jnp.int32)), jnp.arange(3) + 1)
+    with pytest.raises(pcbatch.UnsupportedSyntaxError, match="`y` is None here") as info:
+        f(jnp.arange(3))
+    assert info.value.lineno == optional_offset.__code__.co_firstlineno + 3
