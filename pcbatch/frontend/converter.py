@@ -645,6 +645,11 @@ class Converter:
         if sign is None and not self._static_int(step):  # Python's range() raises ValueError on a 0 step
             nonzero = ast.Compare(ast.Name(step_v, ast.Load()), [ast.NotEq()], [ast.Constant(0)])
             self.fail_unless(ast.fix_missing_locations(ast.copy_location(nonzero, node)), "range() step is 0", node)
+        static = [self._static_int(e) for e in (start, stop, step)]
+        if None not in static and static[2] != 0 and len(range(*static)) > 0:
+            # It runs at least once: its variable is assigned after it, whatever the
+            # CFG says (no MaybeUnboundWarning for `for k in range(4): ...` then `k`).
+            self.assign(node.target.id, ast.Name(counter, ast.Load()), node)
         header = self.new_block("for.header", self.loc(node))
         body = self.new_block("for.body", self.loc(node.body[0]))
         latch = self.new_block("for.next", self.loc(node))

@@ -157,3 +157,26 @@ def test_a_parameter_left_at_none_is_a_named_error():
     with pytest.raises(pcbatch.UnsupportedSyntaxError, match="`y` is None here") as info:
         f(jnp.arange(3))
     assert info.value.lineno == optional_offset.__code__.co_firstlineno + 3
+
+
+def last_counter(n):
+    acc = n
+    for k in range(4):
+        acc = acc + k
+    return acc + k
+
+
+def never_runs(n):
+    acc = n
+    for k in range(0):
+        acc = acc + k
+    return acc + k
+
+
+def test_a_loop_over_a_constant_nonempty_range_assigns_its_variable():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pcbatch.MaybeUnboundWarning)
+        check(last_counter, jnp.array([1, 2]), fork=False)
+    with pytest.warns(pcbatch.MaybeUnboundWarning, match="`k` may be read before it is assigned"):
+        pcbatch.autobatch(never_runs).lowered(jnp.array([1, 2]))
