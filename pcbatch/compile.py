@@ -48,15 +48,16 @@ tree_util = jax.tree_util
 class Signature:
     """A call's cache key: everything its compiled machine depends on besides
     the function and its options. Per entry parameter, in order: whether the
-    batch shares it, its tree structure and its leaves' shapes and dtypes
-    (batch axis included); `index_dtype`: a machine built under
+    batch shares it, its tree structure and its leaves' shapes, dtypes and
+    weak types (batch axis included; a Python number is weakly typed: `x * k`
+    with `k=100` and `x` int8 stays int8); `index_dtype`: a machine built under
     `jax_enable_x64` keeps int64 state."""
 
     shared: tuple[bool, ...]
     batch: int
     sharding: Any  # a `pcbatch.sharding.BatchSharding`, or None
     trees: tuple[Any, ...]
-    leaves: tuple[tuple[tuple[tuple[int, ...], Any], ...], ...]
+    leaves: tuple[tuple[tuple[tuple[int, ...], Any, bool], ...], ...]
     index_dtype: Any
 
     @classmethod
@@ -68,8 +69,9 @@ class Signature:
     def types(self, params: list[str]) -> dict[str, Any]:
         """One example's argument types by entry parameter (the batch axis of
         batched ones dropped): what `specialize` needs."""
-        return {p: tree_util.tree_unflatten(tree, [jax.ShapeDtypeStruct(shape[0 if s else 1:], dtype)
-                                                   for shape, dtype in leaves])
+        return {p: tree_util.tree_unflatten(tree, [jax.ShapeDtypeStruct(shape[0 if s else 1:], dtype,
+                                                                        weak_type=weak)
+                                                   for shape, dtype, weak in leaves])
                 for p, s, tree, leaves in zip(params, self.shared, self.trees, self.leaves)}
 
     @property
@@ -78,14 +80,15 @@ class Signature:
         return self.batch if self.sharding is None else self.sharding.per_device(self.batch)
 
 
-def _shape_dtype(x: Any) -> tuple[tuple[int, ...], Any]:
-    """A leaf's shape and `jnp.result_type`, read straight off a plain array
-    (the type lattice and `np.shape` take several µs a leaf, every call)."""
+def _shape_dtype(x: Any) -> tuple[tuple[int, ...], Any, bool]:
+    """A leaf's shape, `jnp.result_type` and weak type, read straight off a
+    plain array (the type lattice and `np.shape` take several µs a leaf, every call)."""
     if isinstance(x, jax.Array) and not x.weak_type:
-        return x.shape, x.dtype  # already canonical
+        return x.shape, x.dtype, False  # already canonical
     if isinstance(x, np.ndarray):
-        return x.shape, jax.dtypes.canonicalize_dtype(x.dtype)
-    return np.shape(x), jnp.result_type(x)
+        return x.shape, jax.dtypes.canonicalize_dtype(x.dtype), False
+    weak = (isinstance(x, jax.Array) and x.weak_type) or type(x) in (int, float, complex)  # as jnp.asarray
+    return np.shape(x), jnp.result_type(x), weak
 
 
 def machine_config(prog: StackProgram, batch: int, options: Options) -> tuple[int, MachineConfig]:

@@ -116,3 +116,21 @@ def test_a_returned_python_number_that_does_not_fit_is_a_named_error(fork):
         for call in (f, jax.jit(f)):
             with pytest.raises(pcbatch.DtypeOverflowError, match=r"is (300|100000\.0) here"):
                 call(arg)
+
+
+def scale(x, k):
+    y = x * k
+    if y > 0:  # y crosses a block boundary in a register
+        y = y * 3
+    return y
+
+
+@pytest.mark.parametrize("x, k", [(jnp.array([1, 2, -1], jnp.int8), 100),
+                                  (jnp.array([300.0, 1.0], jnp.float16), 100.0)])
+def test_a_python_number_argument_stays_weakly_typed(x, k):
+    """As `jax.vmap` and the Python run type it: int8 * 100 is int8 (and wraps), float16 * 100.0 is float16."""
+    f = pcbatch.autobatch(scale, in_axes=(0, None))
+    got = f(x, k)
+    same(got, f.reference(x, k))
+    assert got.dtype == x.dtype
+    same(jax.jit(f)(x, k), f.reference(x, k))
