@@ -138,7 +138,7 @@ class _Names:
         """An op's source text with its temporaries renumbered."""
         if not self.local_renamed:
             return text
-        return re.sub(r"\b_+t\d+\b", lambda m: self.local_renamed.get(m.group(0), m.group(0)), text)
+        return re.sub(r"\b_+t\d+(?![\w%])", lambda m: self.local_renamed.get(m.group(0), m.group(0)), text)
 
     def _local(self, var: str) -> str:
         fn, _, local = var.rpartition(".")

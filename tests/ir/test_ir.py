@@ -188,3 +188,22 @@ def test_a_listing_renumbers_temporaries_in_the_op_text_too():
     out = lines[k].split(" = ")[0]
     assert lines[k + 1] == f"s = s + {out}", lines[k:k + 2]
     np.testing.assert_allclose(collect_then_call(children, jnp.zeros(1, jnp.int32)), [11.0])
+
+
+def test_a_loop_fork_listing_names_only_defined_temporaries():
+    """The printer renumbers `_t8` to `_t6` in op text, but not the `_t8` of `_t8%9` (a suffixed
+    temporary keeps its name): the listing read `_t6%9`, which no line defined."""
+    import re
+
+    @pcbatch.autobatch(in_axes=(None, 0, 0), fork=True)
+    def csum(w, children, node):
+        h = jnp.tanh(w * (node + 1.0))
+        for k in range(jnp.sum(children[node] >= 0)):
+            h = h * 0.5 + csum(w, children, children[node, k])
+        return h
+
+    children = -jnp.ones((2, 4, 2), jnp.int32).at[:, 0, 0].set(1).at[:, 0, 1].set(2)
+    text = str(csum.lowered(jnp.float32(0.3), children, jnp.zeros(2, jnp.int32)))
+    defined = set(re.findall(r"^\s+([%\w]+):", text, re.M))
+    suffixed = set(re.findall(r"\b(_+t\d+%\d+)", text))
+    assert suffixed and suffixed <= defined, (suffixed - defined, text)
