@@ -28,7 +28,7 @@ from pcbatch import differentiation, failures
 from pcbatch import sharding as sharding_
 from pcbatch.arguments import Bound, bind
 from pcbatch.compile import Cache, Callee, Executable, Signature, executable, first_stack_depth, measure_fork
-from pcbatch.errors import ArgumentError
+from pcbatch.errors import ArgumentError, OptionError
 from pcbatch.frontend import BoundFunction
 from pcbatch.ir.core import StackProgram
 from pcbatch.options import Options
@@ -196,7 +196,22 @@ def run_on_workspace(exe: Executable, inputs: dict[str, Any], plain_call: bool) 
 def runner(exe: Executable, plain_call: bool) -> Callable:
     """A plain call (not `checked`) never shows `status.blocks_run`: its
     machine need not count blocks (`Executable.lean_runner`)."""
-    return exe.lean_runner if plain_call else exe.runner
+    run = exe.lean_runner if plain_call else exe.runner
+    if exe.signature.sharding is not None:
+        return run
+
+    def unsharded(inputs: dict[str, Any], workspace: Any) -> Any:
+        try:
+            return run(inputs, workspace)
+        except Exception as e:  # JAX's error class is private; its name is what is stable
+            if type(e).__name__ != "ShardingTypeError":
+                raise
+            raise OptionError("mesh", "an argument is sharded over a mesh's explicit axes, but the call has no "
+                                      "mesh: one machine cannot run on sharded values",
+                              "pass the mesh: pcbatch.autobatch(..., mesh=mesh), f.with_options(mesh=mesh) or "
+                              "`with pcbatch.sharded(mesh):` (one machine per device), or gather the argument "
+                              "first (jax.device_put(x, jax.devices()[0])).") from e
+    return unsharded
 
 
 def run_empty(fn: Function, bound: Bound) -> tuple[Any, Status]:

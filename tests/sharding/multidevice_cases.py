@@ -196,6 +196,14 @@ def test_context_manager_and_own_mesh():
     assert_batch_sharded(got, MESH4)
 
 
+def test_an_explicitly_sharded_argument_without_a_mesh_is_a_named_error():
+    fn = CASES_BY_NAME["fib"].fn
+    x = jax.device_put(jnp.array([3, 7, 4, 5, 1, 2, 6, 0]), NamedSharding(MESH4, PartitionSpec(AXIS)))
+    with pytest.raises(pcbatch.OptionError, match="sharded over a mesh's explicit axes"):
+        fn.with_options(fork=False)(x)
+    assert_same(on(fn, MESH4, fork=False)(x), fn.reference(np.asarray(x)))  # with the mesh, it runs
+
+
 def test_stack_overflow_names_global_examples():
     fn = on(CASES_BY_NAME["fib"].fn, MESH4, fork=False, max_stack_depth=6)
     x = jnp.array([1, 2, 3, 4, 5, 9, 2, 1, 10], jnp.int32)   # 9 and 10 need depth 9/10: on devices 1 and 3
