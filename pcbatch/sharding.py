@@ -21,7 +21,7 @@ axis. (When the device count does not divide the batch, the padding is cut off
 and the result comes back replicated.) Shared (`in_axes=None`) arguments are
 replicated. In `Status`, the per-example fields are global (indices are global
 example indices); `steps` is the most steps any device took and `peak_lanes`
-the sum of each device's peak.
+the sum of each device's peak, less the padding examples' lanes.
 
 A mesh may span several processes (`jax.distributed`): each process passes its
 part of the batch as a global array (`jax.make_array_from_process_local_data`)
@@ -167,7 +167,9 @@ class BatchSharding:
                 # error for the same examples; a small all-gather after the loop.
                 status = status._replace(**{f: self._replicate(getattr(status, f))
                                             for f in ("overflow", "unfinished", "failed", "pc", "blocks_run")})
-            status = status._replace(steps=jnp.max(status.steps), peak_lanes=jnp.sum(status.peak_lanes))
+            # Each padding example holds its lane (halted) on its device: not a lane the batch used.
+            peak = jnp.sum(status.peak_lanes) - (padded - batch)
+            status = status._replace(steps=jnp.max(status.steps), peak_lanes=peak.astype(status.peak_lanes.dtype))
             return result, status, workspace
 
         return jax.jit(run, donate_argnums=(1,))

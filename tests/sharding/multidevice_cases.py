@@ -113,7 +113,8 @@ def padding_blocks(fn, mesh, *args):
     with pcbatch.sharded(mesh):
         workspace = fn.executable(*args)[0].new_workspace()   # per device
     result, status, _ = plan.runner(machine, batch, shared)(inputs, workspace)
-    return result, status, int(status.peak_lanes)
+    padded = plan.devices * plan.per_device(batch)
+    return result, status, int(status.peak_lanes) + padded - batch  # the runner takes the padding's lanes off
 
 
 @pytest.mark.parametrize("fork", [False, True])
@@ -134,6 +135,8 @@ def test_padding_runs_no_blocks(fork):
         want, ref = fn.checked(x)
         assert_same(got, want)
         np.testing.assert_array_equal(status.blocks_run, ref.blocks_run)
+        sharded = on(CASES_BY_NAME["fib"].fn, MESH4, fork=False).checked(x)[1]
+        assert int(sharded.peak_lanes) == int(ref.peak_lanes) == 5  # the padding's lanes are not counted
 
 
 # --- batch sizes, meshes, jit, errors -----------------------------------------
