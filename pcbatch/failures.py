@@ -25,6 +25,7 @@ from pcbatch.ir.core import Fail, StackProgram
 from pcbatch.ir.interpret import run_stack_program
 from pcbatch.options import Options
 from pcbatch.runtime import Status
+from pcbatch.runtime.lanes import nan_where
 
 tree_util = jax.tree_util
 
@@ -109,7 +110,9 @@ def check_in_trace(result: Any, status: Status, prog: StackProgram | None = None
     failed = status.flagged
 
     def poison(x):
-        bad = jnp.nan if jnp.issubdtype(x.dtype, jnp.inexact) else 0
-        return jnp.where(failed.reshape((-1,) + (1,) * (x.ndim - 1)), jnp.asarray(bad, x.dtype), x)
+        rows = failed.reshape((-1,) + (1,) * (x.ndim - 1))
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            return nan_where(rows, x)  # its tangent (jax.jvp, jacfwd) NaN too
+        return jnp.where(rows, jnp.zeros((), x.dtype), x)
 
     return tree_util.tree_map(poison, result)

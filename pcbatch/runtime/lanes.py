@@ -31,6 +31,22 @@ def cast_to(value: Any, t: Any, lanes: int | None) -> Any:
     return tree_map(leaf, value, t)
 
 
+@jax.custom_jvp
+def nan_where(bad: jax.Array, x: jax.Array) -> jax.Array:
+    """`x` with NaN where `bad` (broadcast against `x`), and so is its tangent:
+    `jnp.where(bad, nan, x)` would differentiate to 0 there (a failed example's
+    `jax.jvp`, a Hessian through a tape that overflowed), `x * nan` to NaN
+    everywhere once transposed (0 * nan)."""
+    return jnp.where(bad, jnp.asarray(jnp.nan, x.dtype), x)
+
+
+@nan_where.defjvp
+def _nan_where_jvp(primals: tuple, tangents: tuple) -> tuple:
+    bad, x = primals
+    _, dx = tangents
+    return nan_where(bad, x), jnp.where(bad, jnp.asarray(jnp.nan, x.dtype), dx)
+
+
 def with_columns(table: jax.Array, values: dict[int, Any]) -> jax.Array:
     """`table` with the columns `values` names (last axis) replaced, broadcast over the rest:
     one fused loop, where a chain of `.at[..., c].set` is a scatter kernel each (a block's

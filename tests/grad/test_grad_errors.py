@@ -223,3 +223,43 @@ def test_reverse_mode_through_a_captured_value_is_a_named_error(loss):
     primal, tangent = jax.jvp(loss, (2.0,), (1.0,))
     want_primal, want_tangent = jax.jvp(_reference, (2.0,), (1.0,))
     np.testing.assert_allclose([primal, tangent], [want_primal, want_tangent], rtol=1e-6)
+
+
+def guarded_power(w, x, n):
+    acc = x * w
+    for i in range(n):
+        assert acc < 4.0, "too big"
+        acc = acc * acc * w + i
+    return acc
+
+
+def test_forward_mode_marks_failed_examples_nan():
+    """A failed example's tangent is NaN, as its value and its reverse-mode gradient are:
+    `jnp.where(failed, nan, x)` differentiated to 0 there (a clean-looking Hessian of 0.0)."""
+    f = pcbatch.autobatch(guarded_power, in_axes=(None, 0, 0))
+    w, x, n = jnp.float32(1.0), jnp.array([0.5, 1.5, 0.1]), jnp.array([2, 3, 1])  # example 1 fails
+    loss = lambda w: f(w, x, n).sum()  # noqa: E731
+    assert np.isnan(float(jax.jit(jax.hessian(loss))(w)))
+    rows = np.asarray(jax.jit(jax.jacfwd(lambda w: f(w, x, n)))(w))
+    assert np.isnan(rows[1]) and np.all(np.isfinite(rows[[0, 2]]))
+    keep = jnp.array([0, 2])  # the others' entries are exact
+    want = jax.jacfwd(lambda w: f.reference(w, x[keep], n[keep]))(w)
+    np.testing.assert_allclose(rows[[0, 2]], want, rtol=1e-6)
+    _, tangent = jax.jvp(lambda x: f(w, x, n), (x,), (jnp.ones(3),))
+    assert np.isnan(np.asarray(tangent)[1]) and np.all(np.isfinite(np.asarray(tangent)[[0, 2]]))
+
+
+def power_loop(w, x, n):
+    acc = x * w
+    for i in range(n):
+        acc = acc * acc * w + i
+    return acc
+
+
+def test_a_hessian_through_an_overflowed_tape_is_nan():
+    f = pcbatch.autobatch(power_loop, in_axes=(None, 0, 0), tape_size=2)
+    w, x, n = jnp.float32(1.0), jnp.array([0.5, 0.9, 0.1]), jnp.array([2, 5, 1])
+    assert np.isnan(float(jax.jit(jax.hessian(lambda w: f(w, x, n).sum()))(w)))
+    roomy = f.with_options(tape_size=64)
+    want = jax.hessian(lambda w: sum(roomy.reference(w, x[i:i + 1], n[i:i + 1]).sum() for i in range(3)))(w)
+    np.testing.assert_allclose(jax.jit(jax.hessian(lambda w: roomy(w, x, n).sum()))(w), want, rtol=1e-5)

@@ -14,7 +14,7 @@ from pcbatch.ir.core import StackProgram
 from pcbatch.runtime.dtypes import index_dtype, nbytes
 from pcbatch.runtime.block import eval_prelude
 from pcbatch.runtime.config import MachineConfig
-from pcbatch.runtime.lanes import cast_to
+from pcbatch.runtime.lanes import cast_to, nan_where
 from pcbatch.runtime.run import machine_for, run_machine
 from pcbatch.runtime.grad.floats import floats, is_float, is_inexact, row_mask, with_floats
 from pcbatch.runtime.grad.linear import Linear, linear_call
@@ -176,7 +176,7 @@ class Differentiable:
 
         def masked(p: str, c: jax.Array) -> jax.Array:
             bad = (row_mask(failed, c) if p in self.batched else jnp.any(failed)) | overflow
-            return jnp.where(bad, jnp.nan, c)
+            return nan_where(bad, c)  # its tangent NaN too (jax.hessian)
 
         # In the inputs' own leaf order (the order of the tangents `linear_call` transposes).
         return floats({p: with_floats(x, [masked(p, c) for c in ct[p]]) if is_float(x) else x
