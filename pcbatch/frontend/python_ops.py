@@ -83,7 +83,7 @@ def range_counter(value: Any, *bounds: Any) -> Any:
     In Python the counter is an int: here JAX's default int, weakly typed (so
     `i * i` does not wrap where the bound is int8, and `h * 2 + i` with `h`
     int8 stays int8), unless a bound holds values the default int cannot (a
-    uint32 bound without x64): then the bounds' joined dtype, as before."""
+    uint32 bound without x64): then the bounds' joined dtype."""
     dtypes = [jnp.result_type(b) for b in bounds]
     if not all(jnp.issubdtype(d, jnp.integer) or d == jnp.bool_ for d in dtypes):
         return value  # not a range of ints: Python's range raises, and so does the code after

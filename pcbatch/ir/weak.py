@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 try:  # JAX has no public way to mark an array weakly typed; without it, values stay strongly typed
