@@ -134,6 +134,14 @@ class BoolRewriter(ast.NodeTransformer):
             out = self._jnp("logical_and", out, p)
         return ast.copy_location(out, node)
 
+    def visit_IfExp(self, node: ast.IfExp) -> ast.expr:
+        node = self.generic_visit(node)
+        if not self.comprehensions:
+            return node
+        out = self._call(PY, "if_exp", ast.Constant(self.where(node)), node.test, self._thunk(node.body),
+                         self._thunk(node.orelse))
+        return ast.copy_location(out, node)
+
     def _comprehension(self, node: ast.expr) -> ast.expr:
         self.comprehensions += 1
         try:

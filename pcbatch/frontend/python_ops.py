@@ -57,6 +57,18 @@ def bool_op(is_and: bool, where: tuple[str, int, str], first: Any, *rest: Callab
     return out
 
 
+def if_exp(where: tuple[str, int, str], test: Any, body: Callable[[], Any], orelse: Callable[[], Any]) -> Any:
+    """`body() if test else orelse()`: Python's on a Python value; a per-example
+    test inside a comprehension cannot branch (a named error, not JAX's)."""
+    if not _traced(test):
+        return body() if test else orelse()
+    raise UnsupportedSyntaxError(
+        "a conditional expression on a per-example value, inside a comprehension", Loc(*where),
+        "Python would branch on each example's value: write `jnp.where(test, a, b)` (both sides are "
+        "computed), or write the loop as `for i in range(n):` in the function body. See README.md, "
+        "'Supported Python'.")
+
+
 def not_(value: Any) -> Any:
     return jnp.logical_not(value) if _traced(value) else not value
 

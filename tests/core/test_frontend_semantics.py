@@ -180,3 +180,18 @@ def test_a_loop_over_a_constant_nonempty_range_assigns_its_variable():
         check(last_counter, jnp.array([1, 2]), fork=False)
     with pytest.warns(pcbatch.MaybeUnboundWarning, match="`k` may be read before it is assigned"):
         pcbatch.autobatch(never_runs).lowered(jnp.array([1, 2]))
+
+
+def comprehension_if_exp(x):
+    return sum([x * i if i % 2 else -i for i in range(4)])
+
+
+def traced_if_exp_in_comprehension(x):
+    return sum([x if x > i else -x for i in range(3)])
+
+
+def test_a_conditional_expression_in_a_comprehension():
+    check(comprehension_if_exp, jnp.array([1, 2, 3]), fork=False)  # on Python values: Python's
+    f = pcbatch.autobatch(traced_if_exp_in_comprehension)
+    with pytest.raises(pcbatch.UnsupportedSyntaxError, match="conditional expression on a per-example value"):
+        f(jnp.array([1, 2, 3]))
