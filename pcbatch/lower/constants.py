@@ -107,6 +107,9 @@ def _demote(const, params, defs, call_args, entry) -> None:
                     changed = True
             else:
                 fn, op = defs[v][0]
-                if any(qualify(fn, i) not in const for i in op.ins):
+                # An op is hoisted whole: one output that varies (`i, m = 0, 2 * n`, `i` a loop
+                # counter) keeps the op, and so its other outputs, in the loop.
+                if any(qualify(fn, i) not in const for i in op.ins) or any(
+                        qualify(fn, o) not in const for o in getattr(op, "outs", ())):
                     del const[v]
                     changed = True

@@ -195,3 +195,15 @@ def test_a_conditional_expression_in_a_comprehension():
     f = pcbatch.autobatch(traced_if_exp_in_comprehension)
     with pytest.raises(pcbatch.UnsupportedSyntaxError, match="conditional expression on a per-example value"):
         f(jnp.array([1, 2, 3]))
+
+
+def mixed_tuple_assignment(n):
+    i, m = 0, n * 2  # i varies in the loop, m is fixed per example
+    while i < m:
+        i = i + 1
+    return i + m
+
+
+@FORKS
+def test_a_tuple_assignment_of_a_loop_variable_and_a_fixed_value(fork):
+    check(mixed_tuple_assignment, jnp.array([1, 2, 3]), fork=fork)
