@@ -65,16 +65,6 @@ def _example_array(value: Any, values: tuple[Any, ...]) -> jax.Array:
         raise
 
 
-def _on_one_device(x: Any) -> Any:
-    """A concrete array sharded over a mesh's explicit axes, gathered on one
-    device: the reference indexes it example by example, which JAX refuses there."""
-    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) or not x.is_fully_addressable:
-        return x
-    spec = getattr(jax.typeof(x).sharding, "spec", ())
-    # Through the host: `jax.device_put` to one device keeps the sharding in the array's type.
-    return jnp.asarray(np.asarray(x), x.dtype) if any(p is not None for p in spec) else x
-
-
 class Autobatched:
     """A function written for one example that runs on a whole batch.
 
@@ -195,8 +185,7 @@ class Autobatched:
         bound = self._bind(args, kwargs)
         if bound.batch == 0:
             return call.run_empty(self._function, bound)[0]
-        bound = Bound({p: tree_util.tree_map(_on_one_device, v) for p, v in bound.values.items()}, bound.batched,
-                      bound.batch)
+        bound = bound.indexable()
         outs = []
         with _context.in_python_mode():
             for i in range(bound.batch):
@@ -235,7 +224,8 @@ class Autobatched:
         for; the executions a scheduler learns from, `pcbatch.fsm.record`)."""
         bound = self._bind(args, kwargs)
         prog = self._executable(bound)[0].prog
-        examples = [failures.example_inputs(prog, bound, i) for i in range(bound.batch)]
+        indexable = bound.indexable()
+        examples = [failures.example_inputs(prog, indexable, i) for i in range(bound.batch)]
         return [run_stack_program(prog, example, max_steps=max_steps) for example in examples]
 
     def execution_graph(self, *args: Any, **kwargs: Any) -> ExecGraph:

@@ -119,6 +119,22 @@ class Bound:
     def example(self, i: int) -> dict[str, Any]:
         return {p: tree_util.tree_map(lambda a: a[i], x) if self.batched[p] else x for p, x in self.values.items()}
 
+    def indexable(self) -> "Bound":
+        """The same arguments, those sharded over a mesh's explicit axes gathered
+        on one device: `example(i)` indexes them one example at a time (the
+        reference, a failure's replay), which JAX refuses on such an array."""
+        values = {p: tree_util.tree_map(_on_one_device, x) if self.batched[p] else x
+                  for p, x in self.values.items()}
+        return Bound(values, self.batched, self.batch)
+
+
+def _on_one_device(x: Any) -> Any:
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) or not x.is_fully_addressable:
+        return x
+    spec = getattr(jax.typeof(x).sharding, "spec", ())
+    # Through the host: `jax.device_put` to one device keeps the sharding in the array's type.
+    return jnp.asarray(np.asarray(x), x.dtype) if any(p is not None for p in spec) else x
+
 
 _NUMBER = (numbers.Number, np.generic, np.bool_)
 

@@ -116,6 +116,19 @@ def run(fn: Function, bound: Bound, raise_errors: bool = False) -> tuple[Any, St
     """`(result, status, program, batch)`. `raise_errors`: a plain call (not
     `checked`): it raises where Python does, so its machine need not count
     blocks."""
+    try:
+        return _run(fn, bound, raise_errors)
+    except Exception as e:  # JAX's error class is private; its name is what is stable
+        if type(e).__name__ != "ShardingTypeError" or sharding_.current(fn.sharding) is not None:
+            raise
+        raise OptionError("mesh", "an argument is sharded over a mesh's explicit axes, but the call has no mesh: "
+                                  "one machine cannot run on sharded values",
+                          "pass the mesh: pcbatch.autobatch(..., mesh=mesh), f.with_options(mesh=mesh) or "
+                          "`with pcbatch.sharded(mesh):` (one machine per device), or gather the argument first "
+                          "(jnp.asarray(np.asarray(x))).") from e
+
+
+def _run(fn: Function, bound: Bound, raise_errors: bool) -> tuple[Any, Status, StackProgram | None, int]:
     if bound.batch == 0:
         return (*run_empty(fn, bound), None, 0)
     check_captured(fn)
@@ -196,22 +209,7 @@ def run_on_workspace(exe: Executable, inputs: dict[str, Any], plain_call: bool) 
 def runner(exe: Executable, plain_call: bool) -> Callable:
     """A plain call (not `checked`) never shows `status.blocks_run`: its
     machine need not count blocks (`Executable.lean_runner`)."""
-    run = exe.lean_runner if plain_call else exe.runner
-    if exe.signature.sharding is not None:
-        return run
-
-    def unsharded(inputs: dict[str, Any], workspace: Any) -> Any:
-        try:
-            return run(inputs, workspace)
-        except Exception as e:  # JAX's error class is private; its name is what is stable
-            if type(e).__name__ != "ShardingTypeError":
-                raise
-            raise OptionError("mesh", "an argument is sharded over a mesh's explicit axes, but the call has no "
-                                      "mesh: one machine cannot run on sharded values",
-                              "pass the mesh: pcbatch.autobatch(..., mesh=mesh), f.with_options(mesh=mesh) or "
-                              "`with pcbatch.sharded(mesh):` (one machine per device), or gather the argument "
-                              "first (jax.device_put(x, jax.devices()[0])).") from e
-    return unsharded
+    return exe.lean_runner if plain_call else exe.runner
 
 
 def run_empty(fn: Function, bound: Bound) -> tuple[Any, Status]:

@@ -79,6 +79,7 @@ def depths_needed(prog: StackProgram, bound: Bound, overflow: list[int], max_sta
     needed = {}
     # Multi-process (pcbatch/sharding.py): this process may not hold the example, so no replay.
     whole = all(getattr(x, "is_fully_addressable", True) for x in tree_util.tree_leaves(bound.values))
+    bound = bound.indexable() if whole and overflow else bound
     for i in overflow[:REPLAY_EXAMPLES] if whole else []:
         if time.monotonic() >= deadline:
             break

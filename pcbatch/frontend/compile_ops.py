@@ -74,11 +74,14 @@ class BoolRewriter(ast.NodeTransformer):
         return self._call(JNP, fn, *args)
 
     @staticmethod
-    def _thunk(value: ast.expr) -> ast.expr:
+    def _lambda(params: list[str], body: ast.expr) -> ast.expr:
+        args = ast.arguments(posonlyargs=[], args=[ast.arg(p) for p in params], vararg=None, kwonlyargs=[],
+                             kw_defaults=[], kwarg=None, defaults=[])
+        return ast.copy_location(ast.Lambda(args, body), body)
+
+    def _thunk(self, value: ast.expr) -> ast.expr:
         """`lambda: value`, so that python_ops evaluates it only where Python would."""
-        no_args = ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[],
-                                kwarg=None, defaults=[])
-        return ast.copy_location(ast.Lambda(no_args, value), value)
+        return self._lambda([], value)
 
     def visit_BoolOp(self, node: ast.BoolOp) -> ast.expr:
         values = [self.visit(v) for v in node.values]
@@ -113,9 +116,7 @@ class BoolRewriter(ast.NodeTransformer):
             out = eq if out is None else self._jnp("logical_or", out, eq)
         if isinstance(op, ast.NotIn):
             out = self._jnp("logical_not", out)
-        args = ast.arguments(posonlyargs=[], args=[ast.arg("_pcbatch_member")], vararg=None, kwonlyargs=[],
-                             kw_defaults=[], kwarg=None, defaults=[])
-        return ast.Call(ast.Lambda(args, out), [left], [])
+        return ast.Call(self._lambda([value.id], out), [left], [])
 
     def visit_Compare(self, node: ast.Compare) -> ast.expr:
         node = self.generic_visit(node)
