@@ -209,7 +209,8 @@ def bind(target: BoundFunction, in_axes: Any, args: tuple, kwargs: dict[str, Any
             except ValueError as e:
                 raise ArgumentError(name, f"in_axes for `{p}` ({axes[p]!r}) does not match the argument's "
                                           f"structure: {e}") from None
-            pairs = zip(tree_util.tree_leaves(full, is_leaf=lambda a: a is None), tree_util.tree_leaves(value))
+            # Up to the value's structure: a None in the value is no leaf, a None in in_axes is.
+            pairs = zip(tree_util.tree_structure(value).flatten_up_to(full), tree_util.tree_leaves(value))
         values[p] = value
         leaf_axes = []
         for a, x in pairs:
