@@ -139,8 +139,28 @@ def _on_one_device(x: Any) -> Any:
 _NUMBER = (numbers.Number, np.generic, np.bool_)
 
 
+_JAX_DTYPES: dict[np.dtype, bool] = {}
+
+
+def _jax_takes(dtype: np.dtype) -> bool:
+    """Whether JAX holds arrays of `dtype` (not strings, objects, float128)."""
+    if dtype not in _JAX_DTYPES:
+        try:
+            jnp.zeros((0,), dtype)
+            _JAX_DTYPES[dtype] = True
+        except (TypeError, ValueError):
+            _JAX_DTYPES[dtype] = False
+    return _JAX_DTYPES[dtype]
+
+
 def _as_array(fn_name: str, param: str, x: Any) -> Any:
-    if isinstance(x, (jax.Array, np.ndarray, jax.core.Tracer)):
+    if isinstance(x, (jax.Array, jax.core.Tracer)):
+        return x
+    if isinstance(x, np.ndarray):
+        if not _jax_takes(x.dtype):
+            raise ArgumentError(fn_name, f"argument `{param}` is a NumPy array of dtype {x.dtype}, which JAX "
+                                         "cannot hold",
+                                "pass numbers: convert it with .astype (strings: encode them as integer ids).")
         return x
     if isinstance(x, _NUMBER) and not isinstance(x, (str, bytes)):
         return jnp.asarray(x)
@@ -159,7 +179,14 @@ def _numeric_list(x: Any) -> bool:
 def _arrays(fn_name: str, param: str, value: Any) -> Any:
     """Numbers and lists of numbers as arrays (like `jnp.asarray`); other
     pytrees keep their structure."""
-    value = tree_util.tree_map(lambda x: jnp.asarray(x) if _numeric_list(x) else x, value, is_leaf=_numeric_list)
+    def as_array(x: Any) -> Any:
+        try:
+            return jnp.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise ArgumentError(fn_name, f"argument `{param}` is a list JAX cannot make an array of ({e})",
+                                "pass a rectangular list of numbers (pad ragged rows), or an array.") from None
+
+    value = tree_util.tree_map(lambda x: as_array(x) if _numeric_list(x) else x, value, is_leaf=_numeric_list)
     return tree_util.tree_map(lambda x: _as_array(fn_name, param, x), value)
 
 

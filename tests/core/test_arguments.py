@@ -205,3 +205,37 @@ def test_repeated_positional_calls_bind_alike():
     np.testing.assert_allclose(f(XS, a), loop(lambda x: affine_py(x, a), XS))   # b's default
     with pytest.raises(pcbatch.ArgumentError, match="batch sizes"):
         f(XS, a, ys)
+
+
+def none_beside_py(s):
+    return jnp.sum(s["b"]) * s["c"] + s["d"][1]
+
+
+@pytest.mark.parametrize("in_axes", [0, {"s": {"a": None, "b": 0, "c": 0, "d": (None, 0)}}],
+                         ids=["scalar", "tree"])
+def test_none_inside_a_pytree_argument_takes_no_axis(in_axes):
+    """Found by a bug hunt: a `None` leaf shifted the axes onto the leaves after
+    it, so every example summed the whole batch of `b` (f.reference too)."""
+    b, c, d = jnp.arange(6.0).reshape(3, 2), jnp.array([1.0, -1.0, 2.0]), jnp.array([3.0, 4.0, 5.0])
+    s = {"a": None, "b": b, "c": c, "d": (None, d)}
+    f = pcbatch.autobatch(none_beside_py, in_axes=in_axes, fork=False)
+    want = [float(np.sum(b[i]) * c[i] + d[i]) for i in range(3)]
+    np.testing.assert_allclose(f(s), want)
+    np.testing.assert_allclose(f.reference(s), want)
+
+
+def test_vmap_over_an_empty_outer_axis():
+    """jax.vmap of a call over a size-0 axis: JAX's batching rule for checkify's
+    check indexed the empty batch (a raw IndexError)."""
+    f = pcbatch.autobatch(power_py, fork=False)
+    out = jax.vmap(f)(jnp.zeros((0, 2)), jnp.zeros((0, 2), jnp.int32))
+    assert out.shape == (0, 2)
+
+
+@pytest.mark.parametrize("bad, says", [([[1.0, 2.0], [3.0]], "list JAX cannot make an array of"),
+                                       (np.array(["a", "b"]), "dtype <U1"),
+                                       (np.zeros(4, np.longdouble), "which JAX cannot hold")],
+                         ids=["ragged", "strings", "longdouble"])
+def test_arrays_jax_cannot_hold_are_argument_errors(bad, says):
+    with pytest.raises(pcbatch.ArgumentError, match=says):
+        affine(XS, bad)
