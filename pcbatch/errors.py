@@ -29,6 +29,13 @@ class MaybeUnboundWarning(UserWarning):
     and pcbatch's value is unspecified (no check runs in the machine)."""
 
 
+class TypeJoinWarning(UserWarning):
+    """A variable holds a typed value of one dtype on one path and of another
+    on another: the machine keeps one type per variable (their join), so the
+    narrower value is converted and computed on in the wider type, where Python
+    keeps its own (int8 wrap-around, `~` on a bool, float32 rounding may differ)."""
+
+
 class UnsupportedSyntaxError(PcbatchError):
     """The function uses Python that pcbatch cannot batch.
 

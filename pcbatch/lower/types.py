@@ -9,12 +9,13 @@ recursive one.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
 
-from pcbatch.errors import Loc, TypeMismatchError, UnsupportedSyntaxError
+from pcbatch.errors import Loc, TypeJoinWarning, TypeMismatchError, UnsupportedSyntaxError
 from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
 from pcbatch.ir.printer import format_type
 
@@ -138,7 +139,42 @@ def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, An
             if isinstance(failure, Exception):
                 raise failure
     _check_complete(prog, types, ops)
+    assigned = [(v, t, prog.param_locs.get(v)) for v, t in input_types.items()]
+    for op in ops:
+        if all(v in types for v in op.ins):
+            results = cache[(id(op), tuple(type_key(types[v]) for v in op.ins))]
+            assigned += [(v, t, op.loc) for v, t in zip(op.outs, results)]
+    _warn_widened(types, assigned, origin)
     return types
+
+
+def _widens(have: Any, final: Any) -> bool:
+    if have == final or not all(isinstance(d, jnp.dtype) and d.kind in "iufc" for d in (have, final)):
+        return False  # the same, or a bool, a key, ...
+    return final.itemsize > have.itemsize or {have.kind, final.kind} == {"i", "u"}
+
+
+def _warn_widened(types: dict[str, Any], assigned: list[tuple[str, Any, Loc | None]],
+                  origin: dict[str, Loc | None]) -> None:
+    """Warn where the join widens a strongly typed value: Python would go on
+    computing in its own dtype (int8 wraps, float16 rounds). A Python number is
+    weakly typed and takes the other's type in JAX too; a bool or an int32 made
+    float32 keeps its values (up to 2**24), as stacking the examples' results would."""
+    warned = set()
+    for var, t, loc in assigned:
+        for have, final in zip(jax.tree_util.tree_leaves(t), jax.tree_util.tree_leaves(types[var])):
+            if var in warned or loc is None or getattr(have, "weak_type", False) or not _widens(have.dtype, final.dtype):
+                continue
+            warned.add(var)
+            fn, _, local = var.rpartition(".")
+            what = (f"the return value of `{fn}`" if local == "<ret>" else
+                    f"a value of `{fn}`" if local.startswith("_") else f"`{local}`")
+            other = f" (as at {origin[var]})" if origin.get(var) not in (None, loc) else ""
+            warnings.warn_explicit(
+                f"{what} is {format_type(have)} here but {format_type(final)} on another path{other}: pcbatch keeps "
+                f"one type per variable, so here it is converted to {final.dtype} and computed on as such, where "
+                f"Python keeps {have.dtype} (wrap-around, `~`, rounding may differ). Give every path the same "
+                f"dtype (.astype) to compute as Python does.", TypeJoinWarning, loc.filename, loc.lineno)
 
 
 def _check_complete(prog: StackProgram, types: dict[str, Any], ops: Iterable[Prim]) -> None:

@@ -1,6 +1,8 @@
 """A Python number keeps its weak type through the machine, as in the Python
 run: `k = 100` then `x + k` with `x` int8 stays int8 (and wraps), and a
 `range` loop's counter is a Python int, not the bound's dtype."""
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -134,3 +136,34 @@ def test_a_python_number_argument_stays_weakly_typed(x, k):
     same(got, f.reference(x, k))
     assert got.dtype == x.dtype
     same(jax.jit(f)(x, k), f.reference(x, k))
+
+
+def int8_or_half(x, n):
+    v = x
+    if n > 5:
+        v = 0.5
+    return v * 100
+
+
+def test_a_strongly_typed_value_widened_by_the_join_is_a_warning():
+    """Found by a bug hunt: `v` int8 on one path and float32 on the other is
+    stored as float32, so `v * 100` does not wrap as Python's int8 does. pcbatch
+    cannot keep both types in one variable; it says so at compile time."""
+    x, n = jnp.asarray([3, 3], jnp.int8), jnp.asarray([0, 9])
+    python = [int8_or_half(x[i], n[i]) for i in range(2)]
+    assert [float(p) for p in python] == [44.0, 50.0]          # int8 3 * 100 wraps
+    f = pcbatch.autobatch(int8_or_half, fork=False)
+    with pytest.warns(pcbatch.TypeJoinWarning, match=r"`v` is i8\[\] here but f32\[\]"):
+        out = f(x, n)
+    assert out.tolist() == [300.0, 50.0]                       # what the warning says
+    with warnings.catch_warnings():                            # a Python number takes the join silently,
+        warnings.simplefilter("error", pcbatch.TypeJoinWarning)  # as in JAX
+        g = pcbatch.autobatch(lambda_free_acc, fork=False)
+        assert g(jnp.asarray([1.5, 2.0]), jnp.asarray([2, 3])).tolist() == [3.0, 6.0]
+
+
+def lambda_free_acc(x, n):
+    acc = 0
+    for _ in range(n):
+        acc = acc + x
+    return acc
