@@ -147,11 +147,69 @@ def _source(fn: Callable) -> tuple[ast.FunctionDef, str, list[str]]:
     return fdef, filename, all_lines
 
 
+def _binders(node: ast.AST) -> set[str]:
+    """The names a lambda or comprehension binds in its own scope."""
+    if isinstance(node, ast.Lambda):
+        a = node.args
+        return {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p]}
+    return {n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+
+
+def _visit_scope(node: ast.AST, outside: Callable[[Any], Any], inside: Callable[[Any], Any]) -> ast.AST:
+    """Visits a lambda's or comprehension's parts: with `outside` what Python evaluates
+    in the enclosing scope (a lambda's defaults, a comprehension's first iterable),
+    with `inside` the rest."""
+    if isinstance(node, ast.Lambda):
+        a = node.args
+        a.defaults = [outside(d) for d in a.defaults]
+        a.kw_defaults = [d if d is None else outside(d) for d in a.kw_defaults]
+        node.body = inside(node.body)
+        return node
+    for k, g in enumerate(node.generators):
+        g.target = inside(g.target)
+        g.iter = (inside if k else outside)(g.iter)
+        g.ifs = [inside(c) for c in g.ifs]
+    for part in ("key", "value") if isinstance(node, ast.DictComp) else ("elt",):
+        setattr(node, part, inside(getattr(node, part)))
+    return node
+
+
+class _Renamer(ast.NodeTransformer):
+    """Renames variables (`rename`: old -> new), except inside a nested scope that binds the old name."""
+
+    def __init__(self, rename: dict[str, str]):
+        self.rename = rename
+
+    def binders(self, node: ast.AST) -> ast.AST:
+        """Renames the variables `node` (a lambda or comprehension) binds, in its own scope."""
+        if isinstance(node, ast.Lambda):
+            a = node.args
+            for p in a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p]:
+                p.arg = self.rename.get(p.arg, p.arg)
+        return _visit_scope(node, lambda n: n, self.visit)
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        node.id = self.rename.get(node.id, node.id)
+        return node
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        if not isinstance(node, _SCOPES):
+            return super().generic_visit(node)
+        inner = _Renamer({k: v for k, v in self.rename.items() if k not in _binders(node)})
+        return _visit_scope(node, self.visit, inner.visit)
+
+
 class _LambdaInliner(ast.NodeTransformer):
-    """Replaces each read of `name` by a copy of `fn`: only as a call's function or argument."""
+    """Replaces each read of `name` by a copy of `fn`: only as a call's function or argument.
+
+    The copy must read `fn`'s free variables (`k` in `lambda v: v * k`) in the
+    function's scope, as Python's closure does: an inner scope around the call
+    that binds one of them (`tree_map(lambda k: scale(k), t)`, `[add(i) for i in
+    range(3)]`) has that variable renamed first, else the copy would read it."""
 
     def __init__(self, name: str, fn: ast.Lambda, conv: "Converter"):
         self.name, self.fn, self.conv = name, fn, conv
+        self.free = set(_free_loads(fn))
 
     def _is_it(self, node: ast.AST) -> bool:
         return isinstance(node, ast.Name) and node.id == self.name and isinstance(node.ctx, ast.Load)
@@ -169,11 +227,16 @@ class _LambdaInliner(ast.NodeTransformer):
                                               "call, not used as a value", "call it, e.g. `y = f(x)`.")
         return node
 
-    def visit_Lambda(self, node: ast.Lambda) -> ast.AST:
-        a = node.args
-        if self.name in {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs}:
-            return node  # its own parameter of that name
-        return self.generic_visit(node)
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        if not isinstance(node, _SCOPES):
+            return super().generic_visit(node)
+        bound = _binders(node)
+        if self.name in bound:  # its own variable of that name
+            return _visit_scope(node, self.visit, lambda n: n)
+        clash = bound & self.free
+        if clash:
+            _Renamer({v: self.conv.fresh_name(v) for v in sorted(clash)}).binders(node)
+        return _visit_scope(node, self.visit, self.visit)
 
 
 class Converter:
@@ -191,6 +254,8 @@ class Converter:
         while any(v.startswith(self.temp_prefix) for v in self.locals):
             self.temp_prefix = "_" + self.temp_prefix
         self.ntemps = 0
+        self.names = {n.id for n in ast.walk(self.fdef) if isinstance(n, ast.Name)} | {
+            n.arg for n in ast.walk(self.fdef) if isinstance(n, ast.arg)}
         self._inline_named_lambdas()
         self.blocks: list[_Block] = []
         self.cur: int | None = None
@@ -214,6 +279,14 @@ class Converter:
         name = f"{self.temp_prefix}{self.ntemps}"
         self.locals.add(name)
         return name
+
+    def fresh_name(self, name: str) -> str:
+        """A name for a renamed lambda parameter or comprehension variable that the function does not use."""
+        k = 1
+        while f"{name}_{k}" in self.names:
+            k += 1
+        self.names.add(f"{name}_{k}")
+        return f"{name}_{k}"
 
     def new_block(self, label: str, loc: Loc | None = None) -> int:
         self.blocks.append(_Block(label, loc=loc))

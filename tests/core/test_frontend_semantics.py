@@ -107,6 +107,49 @@ def test_lambda_defaults_are_read_at_the_definition(fork):
     check(lambda_defaults, jnp.array([1, 2, 3, 6]), fork=fork)
 
 
+def per_example(fn, *args):
+    """`fn` run by plain Python on each example, stacked (independent of pcbatch)."""
+    return np.stack([np.asarray(fn(*(a[j] for a in args))) for j in range(len(args[0]))])
+
+
+# --- a named lambda reads its free variables in the function's scope ----------
+
+def lambda_free_var_vs_lambda_param(x):
+    k = x + 1.0
+    scale = lambda v: v * k  # noqa: E731 -- f's k, also where called under `lambda k: ...`
+    out = jax.tree_util.tree_map(lambda k: scale(k), (x, 2.0 * x))
+    return out[0] + out[1]
+
+
+def lambda_free_var_vs_comprehension(x):
+    i = x * 10.0
+    add = lambda v: v + i  # noqa: E731
+    return sum([add(i) for i in range(3)])
+
+
+def lambda_free_vars_nested(x):
+    i, k = x * 10.0, x + 0.5
+    add = lambda v: v + i  # noqa: E731
+    twice = lambda i, *k: add(i) * 2 + len(k)  # noqa: E731 -- add inlined under twice's own i and k
+    d = {i: add(i) + k for i in range(2)}  # a dict comprehension
+    g = sum(twice(j) for j in [i, k] for i in range(2))  # the first iterable reads f's i
+    n = sum([sum(add(k) for k in range(i)) for i in range(3)])  # nested, each binds a name add reads
+    return twice(k, k, k) + d[0] + d[1] + g + n
+
+
+@FORKS
+@pytest.mark.parametrize("fn, want", [(lambda_free_var_vs_lambda_param, [6.0, 18.0]),
+                                      (lambda_free_var_vs_comprehension, [33.0, 63.0]),
+                                      (lambda_free_vars_nested, None)])
+def test_an_inlined_lambda_reads_its_free_variables_where_it_is_defined(fn, want, fork):
+    x = jnp.array([1.0, 2.0])
+    expected = per_example(fn, x)
+    if want is not None:
+        np.testing.assert_array_equal(expected, want)
+    got = pcbatch.autobatch(fn, fork=fork)(x)
+    np.testing.assert_array_equal(np.asarray(got), expected)
+
+
 # --- a chained comparison short-circuits past an autobatched call -------------
 
 @pcbatch.autobatch(max_stack_depth=16)
