@@ -713,7 +713,8 @@ class Converter:
         bounds = [self.snapshot(e) for e in (start, stop, step)]
         counter, stop_v, step_v = self.temp(), self.temp(), self.temp()
         for name, bound in zip((counter, stop_v, step_v), bounds):
-            typed = ast.parse(f"{PY}.range_counter({bound}, {', '.join(bounds)})", mode="eval").body
+            typed = ast.parse(f"{PY}.range_counter(_, {bound}, {', '.join(bounds)})", mode="eval").body
+            typed.args[0] = ast.Constant(astuple(self.loc(node)))
             self.assign(name, ast.fix_missing_locations(ast.copy_location(typed, node)), node)
         if sign is None and not self._static_int(step):  # Python's range() raises ValueError on a 0 step
             nonzero = ast.Compare(ast.Name(step_v, ast.Load()), [ast.NotEq()], [ast.Constant(0)])

@@ -90,16 +90,24 @@ def compare(left: Any, ops: tuple[str, ...], *rights: Callable[[], Any]) -> Any:
     return out
 
 
-def range_counter(value: Any, *bounds: Any) -> Any:
+def range_counter(where: tuple[str, int, str], value: Any, *bounds: Any) -> Any:
     """`value`, one of `range(...)`'s bounds, in the type of the loop's counter.
     In Python the counter is an int: here JAX's default int, weakly typed (so
     `i * i` does not wrap where the bound is int8, and `h * 2 + i` with `h`
     int8 stays int8), unless a bound holds values the default int cannot (a
-    uint32 bound without x64): then the bounds' joined dtype."""
-    dtypes = [jnp.result_type(b) for b in bounds]
-    if not all(jnp.issubdtype(d, jnp.integer) or d == jnp.bool_ for d in dtypes):
-        return value  # not a range of ints: Python's range raises, and so does the code after
+    uint32 bound without x64): then the bounds' joined dtype. A bound that is not
+    an int: a named error (Python's range raises TypeError for every example)."""
+    for b in bounds:
+        dtype = getattr(b, "dtype", None) if not isinstance(b, (bool, int)) else np.dtype(int)
+        if dtype is None or jnp.shape(b) != () or not (jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_):
+            what = type(b).__name__ if dtype is None else f"{dtype}{list(jnp.shape(b)) if jnp.shape(b) else ''}"
+            raise UnsupportedSyntaxError(
+                f"range() of a {what} value: Python's range() takes one int per bound (a TypeError for "
+                f"every example)", Loc(*where),
+                "make each bound an integer scalar: `n // 2` rather than `n / 2`, or convert it with "
+                "`.astype(jnp.int32)`. See README.md, 'Supported Python'.")
     default = np.dtype(jax.dtypes.canonicalize_dtype(jnp.int_))  # int32, or int64 under x64
+    dtypes = [jnp.result_type(b) for b in bounds]
     wide = [d for d in dtypes if d != jnp.bool_ and (np.iinfo(d).min < np.iinfo(default).min
                                                      or np.iinfo(d).max > np.iinfo(default).max)]
     if wide:

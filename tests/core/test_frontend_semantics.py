@@ -150,6 +150,25 @@ def test_an_inlined_lambda_reads_its_free_variables_where_it_is_defined(fn, want
     np.testing.assert_array_equal(np.asarray(got), expected)
 
 
+# --- range(): a bound must be an int -----------------------------------------
+
+def range_of_a_float(n):
+    acc = 0
+    for i in range(n / 2):
+        acc = acc + 1
+    return acc
+
+
+def test_a_float_range_bound_is_a_named_error():
+    n = jnp.array([1, 2, 5])
+    for j in range(len(n)):
+        with pytest.raises(TypeError):
+            range_of_a_float(n[j])  # Python raises for every example
+    with pytest.raises(pcbatch.UnsupportedSyntaxError, match=r"range\(\) of a float32 value") as info:
+        pcbatch.autobatch(range_of_a_float)(n)
+    assert "for i in range(n / 2):" in str(info.value)
+
+
 # --- a chained comparison short-circuits past an autobatched call -------------
 
 @pcbatch.autobatch(max_stack_depth=16)
