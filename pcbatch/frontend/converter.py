@@ -711,9 +711,12 @@ class Converter:
         # changes no trip count (copies that nothing reassigns are coalesced away later).
         # In Python the counter is an int: here JAX's default int, weakly typed (`python_ops.range_counter`).
         bounds = [self.snapshot(e) for e in (start, stop, step)]
+        # A literal such as the implicit 0 and 1 fits any int type: it does not set the
+        # counter's (else uint32 bounds and the int32 step 1 would join to int32 and wrap).
+        typing = [b for b, e in zip(bounds, (start, stop, step)) if (k := self._static_int(e)) is None or k < 0]
         counter, stop_v, step_v = self.temp(), self.temp(), self.temp()
         for name, bound in zip((counter, stop_v, step_v), bounds):
-            typed = ast.parse(f"{PY}.range_counter(_, {bound}, {', '.join(bounds)})", mode="eval").body
+            typed = ast.parse(f"{PY}.range_counter(_, {', '.join([bound] + typing)})", mode="eval").body
             typed.args[0] = ast.Constant(astuple(self.loc(node)))
             self.assign(name, ast.fix_missing_locations(ast.copy_location(typed, node)), node)
         if sign is None and not self._static_int(step):  # Python's range() raises ValueError on a 0 step

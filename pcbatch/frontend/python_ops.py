@@ -95,8 +95,9 @@ def range_counter(where: tuple[str, int, str], value: Any, *bounds: Any) -> Any:
     In Python the counter is an int: here JAX's default int, weakly typed (so
     `i * i` does not wrap where the bound is int8, and `h * 2 + i` with `h`
     int8 stays int8), unless a bound holds values the default int cannot (a
-    uint32 bound without x64): then the bounds' joined dtype. A bound that is not
-    an int: a named error (Python's range raises TypeError for every example)."""
+    uint32 bound without x64): then the bounds' joined dtype. `bounds` are those
+    that set the type: not a literal such as the implicit start 0 and step 1,
+    which fit any int type (a uint32 `range(a, b)` counts in uint32)."""
     for b in bounds:
         dtype = getattr(b, "dtype", None) if not isinstance(b, (bool, int)) else np.dtype(int)
         if dtype is None or jnp.shape(b) != () or not (jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_):

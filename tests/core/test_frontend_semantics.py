@@ -150,7 +150,7 @@ def test_an_inlined_lambda_reads_its_free_variables_where_it_is_defined(fn, want
     np.testing.assert_array_equal(np.asarray(got), expected)
 
 
-# --- range(): a bound must be an int -----------------------------------------
+# --- range(): a bound must be an int; uint32 bounds count in uint32 -----------
 
 def range_of_a_float(n):
     acc = 0
@@ -167,6 +167,52 @@ def test_a_float_range_bound_is_a_named_error():
     with pytest.raises(pcbatch.UnsupportedSyntaxError, match=r"range\(\) of a float32 value") as info:
         pcbatch.autobatch(range_of_a_float)(n)
     assert "for i in range(n / 2):" in str(info.value)
+
+
+def last_of_range(a, b):
+    k = a
+    for i in range(a, b):  # the implicit step 1 (an int32) does not make the counter int32
+        k = i
+    return k
+
+
+def last_of_range_step(a, b, s):
+    k = a
+    for i in range(a, b, s):
+        k = i
+    return k
+
+
+def last_of_range_literal_step(a, b):
+    k = a
+    for i in range(a, b, 2):
+        k = i
+    return k
+
+
+def countdown_uint32(n):
+    t = 0
+    for i in range(n - 1, -1, -1):  # a literal -1 bound: a signed counter
+        t = t * 2 + i
+    return t
+
+
+BIG = jnp.array([3_000_000_000, 5, 4_294_967_290], jnp.uint32)
+
+
+@FORKS
+@pytest.mark.parametrize("fn, args, dtype", [
+    (last_of_range, (BIG, BIG + 5), jnp.uint32),
+    (last_of_range_step, (BIG, BIG + 5, jnp.array([1, 2, 3], jnp.uint32)), jnp.uint32),
+    (last_of_range_literal_step, (BIG, BIG + 5), jnp.uint32),
+    (countdown_uint32, (jnp.array([1, 3, 5], jnp.uint32),), jnp.int32),
+])
+def test_a_range_over_uint32_bounds_does_not_wrap(fn, args, dtype, fork):
+    want = [int(fn(*(a[j] for a in args))) for j in range(3)]  # plain Python, one example at a time
+    got = pcbatch.autobatch(fn, fork=fork)(*args)
+    assert np.asarray(got).tolist() == want
+    if not jax.config.jax_enable_x64:
+        assert got.dtype == dtype
 
 
 # --- a chained comparison short-circuits past an autobatched call -------------
