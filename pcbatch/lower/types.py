@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import jax
 import jax.numpy as jnp
 
-from pcbatch.errors import Loc, TypeJoinWarning, TypeMismatchError, UnsupportedSyntaxError
+from pcbatch.errors import Loc, PcbatchError, TypeJoinWarning, TypeMismatchError, UnsupportedSyntaxError
 from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
 from pcbatch.ir.printer import format_type
 
@@ -64,10 +64,31 @@ def join(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None, also: t
     return jax.tree_util.tree_unflatten(ta, out)
 
 
+# Python that needs a concrete value of a per-example one: what each JAX error means there, and what to write.
+_CONCRETE: tuple[tuple[type, str, str], ...] = (
+    (jax.errors.TracerBoolConversionError, "takes the truth value of a per-example value (as `if`, `max`, `==` on tuples do)",
+     "`max`/`min` of per-example values is jnp.maximum/jnp.minimum; compare per element and combine "
+     "(`(a, b) == (1, 1)` is `(a == 1) & (b == 1)`, or jnp.all(...) over an array); a data-dependent "
+     "`if`/`while` in a helper called here needs jnp.where/lax.cond, or @pcbatch.autobatch on the helper."),
+    (jax.errors.TracerIntegerConversionError, "needs a per-example value as a Python int",
+     "`int(x)` is x.astype(jnp.int32); index with the value itself (`xs[i]`), or jax.lax.dynamic_slice."),
+    (jax.errors.TracerArrayConversionError, "needs a per-example value as a NumPy array",
+     "use jnp in place of np on per-example values (`jnp.sin(x)`, not `np.sin(x)`)."),
+    (jax.errors.NonConcreteBooleanIndexError, "indexes with a per-example boolean mask (a per-example shape)",
+     "keep the shape: `jnp.where(mask, x, 0)`, or reduce, e.g. `jnp.sum(jnp.where(mask, x, 0))`."),
+    (jax.errors.ConcretizationTypeError, "needs a concrete value (a Python number, a static shape) of a per-example value",
+     "`int(x)`/`float(x)` is x.astype(...), `max`/`min` is jnp.maximum/jnp.minimum, a static size must "
+     "not depend on a variable (write `jnp.zeros(x.shape[0])`); a data-dependent `if`/`while` in a "
+     "helper called here needs jnp.where/lax.cond, or @pcbatch.autobatch on the helper."),
+)
+
+
 def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
     try:
         return jax.eval_shape(op.fn, *in_types)
     except Exception as e:
+        if isinstance(e, PcbatchError):  # raised by pcbatch's own code for the op: it quotes the line
+            raise
         if isinstance(e, TypeError) and op.loc is not None and any(t is None for t in in_types):
             names = ", ".join(f"`{v.rpartition('.')[2]}`" for v, t in zip(op.ins, in_types) if t is None)
             raise UnsupportedSyntaxError(
@@ -75,15 +96,17 @@ def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
                 "of the function, also one that Python skips for None (`if y is None: ...`)", op.loc,
                 "pass a value for it, or call a function that does not take it (functools.partial, or a "
                 "second function without that parameter).") from e
+        for kind, what, hint in _CONCRETE:
+            if isinstance(e, kind):
+                # Every variable is a traced per-example value: Python that branches on one, or
+                # makes a Python number of it, cannot run once for the whole batch.
+                raise UnsupportedSyntaxError(
+                    f"`{op.text}` {what}, but every variable of an autobatched function is a traced "
+                    f"per-example value (JAX raised {type(e).__name__})", op.loc or Loc("<unknown>", 0),
+                    f"{hint} See README.md, 'Supported Python'.") from e
         where = f" at {op.loc}" if op.loc else ""
-        note = (f"pcbatch: while tracing `{op.text}`{where} (per-example input types: "
-                f"{', '.join(format_type(t) for t in in_types) or 'none'}).")
-        if isinstance(e, (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)):
-            note += (" Every variable of an autobatched function is a traced per-example value: Python's "
-                     "`max`, `min`, `int`, `float`, `bool` need a concrete one (write jnp.maximum, "
-                     "jnp.minimum, x.astype(...)); a data-dependent `if`/`while` in a helper called here "
-                     "needs jnp.where/lax.cond, or @pcbatch.autobatch on the helper.")
-        e.add_note(note)
+        e.add_note(f"pcbatch: while tracing `{op.text}`{where} (per-example input types: "
+                   f"{', '.join(format_type(t) for t in in_types) or 'none'}).")
         raise
 
 

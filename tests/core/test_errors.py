@@ -254,6 +254,33 @@ def uses_zero_step(n):
     return s
 
 
+# Python that needs a concrete value of a per-example one (JAX raises during type inference).
+@pcbatch.autobatch
+def uses_builtin_max(n):
+    return max(n, 2)  # BAD
+
+
+@pcbatch.autobatch
+def uses_tuple_compare(n):
+    if (n % 2, n % 3) == (1, 1):  # BAD
+        return 1
+    return 0
+
+
+@pcbatch.autobatch
+def uses_int_of_value(n):
+    k = int(n) + 1  # BAD
+    return k
+
+
+@pcbatch.autobatch
+def uses_boolean_mask(n):
+    return jnp.arange(4)[jnp.arange(4) < n].sum()  # BAD
+
+
+CONCRETE = [uses_builtin_max, uses_tuple_compare, uses_int_of_value, uses_boolean_mask]
+
+
 UNSUPPORTED = [
     uses_try, uses_with, uses_yield, uses_lambda_ifexp, uses_lambda_boolop, uses_nested_def, uses_global,
     uses_nonlocal, uses_del, uses_for_over_array, uses_for_over_reversed, uses_while_else, uses_for_else,
@@ -284,6 +311,41 @@ def test_unsupported_syntax(f):
     # .ir() reports the same error.
     with pytest.raises(UnsupportedSyntaxError):
         f.ir()
+
+
+def rewritten_max(n):
+    return jnp.maximum(n, 2)
+
+
+def rewritten_tuple_compare(n):
+    if (n % 2 == 1) & (n % 3 == 1):
+        return 1
+    return 0
+
+
+def rewritten_int(n):
+    k = n.astype(jnp.int32) + 1
+    return k
+
+
+def rewritten_mask(n):
+    return jnp.sum(jnp.where(jnp.arange(4) < n, jnp.arange(4), 0))
+
+
+@pytest.mark.parametrize("f, rewritten", list(zip(CONCRETE, [rewritten_max, rewritten_tuple_compare, rewritten_int,
+                                                              rewritten_mask])), ids=[f.__name__ for f in CONCRETE])
+def test_python_that_needs_a_concrete_value_is_named_with_a_rewrite(f, rewritten):
+    """Python runs these one example at a time; pcbatch cannot (a named error from
+    JAX's, not JAX's own), and the rewrite its hint names gives Python's values."""
+    n = np.array([0, 1, 2, 4, 7], np.int32)
+    python = [int(f.fn(jnp.int32(v))) for v in n]  # the original function, plain Python
+    lineno, code = marked(f)
+    with pytest.raises(UnsupportedSyntaxError, match="traced per-example value") as info:
+        f(n)
+    e = info.value
+    assert e.lineno == lineno and same_file(e.filename, __file__) and code in str(e) and "Hint:" in str(e)
+    assert isinstance(e.__cause__, (jax.errors.JAXTypeError, jax.errors.JAXIndexError))
+    assert np.asarray(pcbatch.autobatch(rewritten)(n)).tolist() == python
 
 
 @pytest.mark.parametrize("f", [uses_raise, uses_assert], ids=["raise", "assert"])
