@@ -716,9 +716,11 @@ class Converter:
         typing = [b for b, e in zip(bounds, (start, stop, step)) if (k := self._static_int(e)) is None or k < 0]
         counter, stop_v, step_v = self.temp(), self.temp(), self.temp()
         for name, bound in zip((counter, stop_v, step_v), bounds):
-            typed = ast.parse(f"{PY}.range_counter(_, {', '.join([bound] + typing)})", mode="eval").body
-            typed.args[0] = ast.Constant(astuple(self.loc(node)))
-            self.assign(name, ast.fix_missing_locations(ast.copy_location(typed, node)), node)
+            text = f"{PY}.range_counter({', '.join([bound] + typing)})"  # what a listing shows: no location
+            typed = ast.parse(text, mode="eval").body
+            typed.args.insert(0, ast.Constant(astuple(self.loc(node))))  # for range_counter's error
+            stmt = ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], typed), node)
+            self.emit_stmt(ast.fix_missing_locations(stmt), (name,), text)
         if sign is None and not self._static_int(step):  # Python's range() raises ValueError on a 0 step
             nonzero = ast.Compare(ast.Name(step_v, ast.Load()), [ast.NotEq()], [ast.Constant(0)])
             self.fail_unless(ast.fix_missing_locations(ast.copy_location(nonzero, node)), "range() step is 0", node)
