@@ -96,6 +96,11 @@ def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
                 "of the function, also one that Python skips for None (`if y is None: ...`)", op.loc,
                 "pass a value for it, or call a function that does not take it (functools.partial, or a "
                 "second function without that parameter).") from e
+        if isinstance(e, OverflowError) and op.loc is not None:  # `v = 3_000_000_000`, x64 off
+            raise UnsupportedSyntaxError(
+                f"`{op.text}` makes a Python number JAX's default type cannot hold ({e}); every variable is "
+                "an array", op.loc,
+                "give it the dtype you mean (`jnp.uint32(3_000_000_000)`), or turn on jax_enable_x64.") from e
         for kind, what, hint in _CONCRETE:
             if isinstance(e, kind):
                 # Every variable is a traced per-example value: Python that branches on one, or

@@ -679,3 +679,19 @@ def test_failed_examples_never_return_garbage_under_plain_jit():
     out = np.asarray(jax.jit(fspin)(x[:4], SPIN))
     assert np.isnan(out[[1, 3]]).all()
     np.testing.assert_array_equal(out[[0, 2]], x[[0, 2]])
+
+
+def too_wide_literal(n, x):
+    v = 3_000_000_000  # WIDE_LITERAL
+    if n > 0:
+        v = x
+    return v
+
+
+def test_a_literal_past_the_default_int_is_a_named_error():
+    """Found by a bug hunt: JAX's raw OverflowError (without x64 a Python int
+    past int32 is no array)."""
+    f = pcbatch.autobatch(too_wide_literal, fork=False)
+    with pytest.raises(pcbatch.UnsupportedSyntaxError, match="default type cannot hold") as e:
+        f(jnp.asarray([0, 1]), jnp.asarray([1, 2], jnp.uint32))
+    assert "WIDE_LITERAL" in str(e.value)
