@@ -83,7 +83,7 @@ class Signature:
 def _shape_dtype(x: Any) -> tuple[tuple[int, ...], Any, bool]:
     """A leaf's shape, `jnp.result_type` and weak type, read straight off a
     plain array (the type lattice and `np.shape` take several µs a leaf, every call)."""
-    if isinstance(x, jax.Array) and not x.weak_type:
+    if isinstance(x, jax.Array) and not getattr(x, "weak_type", False):  # a typed PRNG key has none
         return x.shape, x.dtype, False  # already canonical
     if isinstance(x, np.ndarray):
         return x.shape, jax.dtypes.canonicalize_dtype(x.dtype), False

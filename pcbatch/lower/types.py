@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from pcbatch.errors import Loc, PcbatchError, TypeJoinWarning, TypeMismatchError, UnsupportedSyntaxError
 from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
+from pcbatch.ir.keys import is_key
 from pcbatch.ir.printer import format_type
 
 
@@ -55,6 +56,11 @@ def join(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None, also: t
         raise _mismatch(var, a, a_loc, b, b_loc, also)
     out = []
     for x, y in zip(la, lb):
+        if is_key(x.dtype) or is_key(y.dtype):  # a typed PRNG key: `jnp.result_type` promotes none
+            if x.dtype != y.dtype:
+                raise _mismatch(var, a, a_loc, b, b_loc, also)
+            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype))
+            continue
         try:
             dtype = jnp.result_type(_promotable(x), _promotable(y))
         except TypeError as e:
