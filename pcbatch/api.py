@@ -21,6 +21,7 @@ from pcbatch.frontend import BoundFunction
 from pcbatch.fsm import Policy, get_scheduler
 from pcbatch.ir.core import Program, StackProgram
 from pcbatch.ir.interpret import Trace, run_stack_program
+from pcbatch.ir.keys import is_key
 from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.options import Options
 from pcbatch.runtime import Status
@@ -42,6 +43,8 @@ def _stack_examples(*values: Any) -> jax.Array:
     of the values, never wrapped or overflowed to inf."""
     arrays = [_example_array(v, values) for v in values]
     stacked = jnp.stack(arrays)
+    if is_key(stacked.dtype):  # typed PRNG keys: no NumPy dtype, no promotion (one impl, or jnp.stack raised)
+        return stacked
     wide = np.result_type(*(a.dtype for a in arrays))
     if wide == stacked.dtype or any(isinstance(a, jax.core.Tracer) for a in arrays):
         return stacked  # traced (`jax.grad` of the reference): no values to check, JAX's promotion

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pcbatch.ir.keys import is_key
+
 __all__ = ["index_dtype", "index_array", "index_zeros", "index_full", "nbytes"]
 
 
@@ -39,4 +41,6 @@ def index_full(shape: tuple[int, ...] | int, value: Any) -> jax.Array:
 
 def nbytes(t: Any) -> int:
     """Bytes of a pytree of arrays or shape-dtype structs (a program type: one lane's value)."""
-    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(t))
+    # A typed PRNG key's dtype is no NumPy dtype, but has an itemsize (its key data's bytes).
+    return sum(int(np.prod(x.shape)) * (x.dtype.itemsize if is_key(x.dtype) else np.dtype(x.dtype).itemsize)
+               for x in jax.tree_util.tree_leaves(t))
