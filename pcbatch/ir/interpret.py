@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from pcbatch.ir.core import (Await, Branch, Collect, Fail, Fork, Join, Jump, Launch, Peek, Pop, Prim, Program, Push,
                              PushJump, Return, StackProgram, Update)
+from pcbatch.ir.keys import is_key
 
 
 class ExampleFailed(Exception):
@@ -116,7 +118,9 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
     halt = prog.num_blocks
 
     def junk(var: str) -> Any:
-        return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), prog.var_types[var])
+        # NumPy has no typed PRNG key dtype; JAX makes zeros of one
+        return jax.tree_util.tree_map(lambda s: (jnp.zeros if is_key(s.dtype) else np.zeros)(s.shape, s.dtype),
+                                      prog.var_types[var])
 
     class Stop(Exception):
         pass

@@ -15,6 +15,8 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
+from pcbatch.ir.keys import is_key, key_impl
+
 __all__ = ["uninitialized"]
 
 _uninitialized_p = Primitive("pcbatch_uninitialized")
@@ -22,6 +24,9 @@ _uninitialized_p = Primitive("pcbatch_uninitialized")
 
 def uninitialized(shape: tuple[int, ...], dtype) -> jax.Array:
     """An array of `shape` and `dtype` to be overwritten before it is read."""
+    if is_key(dtype):  # a typed PRNG key (no NumPy dtype): uninitialized key data, wrapped
+        impl = key_impl(dtype)
+        return jax.random.wrap_key_data(uninitialized(tuple(shape) + impl.key_shape, np.uint32), impl=impl)
     return _uninitialized_p.bind(shape=tuple(int(d) for d in shape), dtype=np.dtype(dtype))
 
 
