@@ -64,7 +64,7 @@ class TypeMismatchError(PcbatchError):
     on different paths."""
 
     def __init__(self, var: str, first: str, first_loc: Loc | None, second: str, second_loc: Loc | None,
-                 also: tuple[str, ...] = ()):
+                 also: tuple[str, ...] = (), hint: str = ""):
         self.var = var
         what = _what(var)
         # Variables copied into this one and merged with it: the user wrote these names.
@@ -75,9 +75,9 @@ class TypeMismatchError(PcbatchError):
         where2 = f"\n{second_loc.quote()}" if second_loc else ""
         super().__init__(
             f"{what} has type {first} here:{where1}\nbut type {second} here:{where2}\n"
-            "Hint: every assignment to a variable (and every return of a function) must have the "
-            "same shape and tree structure; dtypes are joined by JAX's promotion rules. Use "
-            "separate variable names, or cast/reshape explicitly."
+            "Hint: " + (hint or "every assignment to a variable (and every return of a function) must have the "
+                        "same shape and tree structure; dtypes are joined by JAX's promotion rules. Use "
+                        "separate variable names, or cast/reshape explicitly.")
         )
 
 

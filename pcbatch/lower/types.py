@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from pcbatch.errors import Loc, PcbatchError, TypeJoinWarning, TypeMismatchError, UnsupportedSyntaxError
 from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
-from pcbatch.ir.keys import is_key
+from pcbatch.ir.keys import KEY_JOIN_HINT, check_batchable, is_key
 from pcbatch.ir.printer import format_type
 
 
@@ -28,13 +28,13 @@ def type_key(t: Any) -> tuple:
 
 
 def _mismatch(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None,
-              also: tuple[str, ...] = ()) -> TypeMismatchError:
+              also: tuple[str, ...] = (), hint: str = "") -> TypeMismatchError:
     first, second = format_type(a), format_type(b)
     if first == second:  # e.g. two classes of one name: name them fully
         first, second = format_type(a, qualified=True), format_type(b, qualified=True)
     if first == second:
         second += " (a different tree structure that prints the same)"
-    return TypeMismatchError(var, first, a_loc, second, b_loc, also)
+    return TypeMismatchError(var, first, a_loc, second, b_loc, also, hint)
 
 
 def _promotable(t: Any) -> Any:
@@ -58,7 +58,7 @@ def join(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None, also: t
     for x, y in zip(la, lb):
         if is_key(x.dtype) or is_key(y.dtype):  # a typed PRNG key: `jnp.result_type` promotes none
             if x.dtype != y.dtype:
-                raise _mismatch(var, a, a_loc, b, b_loc, also)
+                raise _mismatch(var, a, a_loc, b, b_loc, also, KEY_JOIN_HINT)
             out.append(jax.ShapeDtypeStruct(x.shape, x.dtype))
             continue
         try:
@@ -137,8 +137,12 @@ def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, An
         ops += [Prim((op.out, op.flag), (op.ret,), lambda x: (x, jnp.bool_(True)), "", b.loc)
                 for op in b.ops if isinstance(op, Collect)]
 
+    for var, t in input_types.items():
+        check_batchable(var, t, origin[var])
+
     def assign(var: str, t: Any, loc: Loc | None) -> bool:
         if var not in types:
+            check_batchable(var, t, loc)
             types[var], origin[var] = t, loc
             return True
         joined = join(var, types[var], origin[var], t, loc, prog.merged.get(var, ()))
