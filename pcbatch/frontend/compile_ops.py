@@ -143,6 +143,17 @@ class BoolRewriter(ast.NodeTransformer):
                          self._thunk(node.orelse))
         return ast.copy_location(out, node)
 
+    def visit_Call(self, node: ast.Call) -> ast.expr:
+        """`max(a, b)`/`min(...)`: Python's fold (`if x > m: m = x`) on per-example
+        scalars (`1 + max(height(l), height(r))`). The name's value goes along, so
+        a `max` the module defines is called as it is."""
+        node = self.generic_visit(node)
+        if (isinstance(node.func, ast.Name) and node.func.id in ("max", "min") and node.args and not node.keywords
+                and not any(isinstance(a, ast.Starred) for a in node.args)):
+            out = self._call(PY, "min_max", ast.Constant(self.where(node)), node.func, *node.args)
+            return ast.copy_location(out, node)
+        return node
+
     def _comprehension(self, node: ast.expr) -> ast.expr:
         self.comprehensions += 1
         try:

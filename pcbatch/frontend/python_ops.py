@@ -1,6 +1,6 @@
 """Python's semantics where generated code needs them at run time: `and`/`or`/
-`not` and chained comparisons inside a comprehension, and the type of a
-`range` loop's counter (`range_counter`).
+`not` and chained comparisons inside a comprehension, the builtin `max`/`min`
+on per-example scalars, and the type of a `range` loop's counter (`range_counter`).
 
 A comprehension's operands are often plain Python values (`i` from `range(3)`),
 where Python's own operators must run (`i and x` is `x` or `0`, not a bool);
@@ -67,6 +67,32 @@ def if_exp(where: tuple[str, int, str], test: Any, body: Callable[[], Any], orel
         "Python would branch on each example's value: write `jnp.where(test, a, b)` (both sides are "
         "computed), or write the loop as `for i in range(n):` in the function body. See README.md, "
         "'Supported Python'.")
+
+
+def min_max(where: tuple[str, int, str], fn: Callable, *args: Any) -> Any:
+    """`fn(*args)` for the builtin `max`/`min` on per-example scalars: Python's
+    fold, `m = x if x > m else m` (`<` for min), so ties and NaN pick what
+    Python's picks; anything else is `fn` itself (another `max`, Python values)."""
+    if fn is not max and fn is not min:
+        return fn(*args)
+    one = len(args) == 1
+    if one and _traced(args[0]) and jnp.ndim(args[0]) == 0:
+        return fn(*args)  # Python's TypeError: a scalar is not iterable
+    items = list(args[0]) if one else list(args)  # an array's rows, as Python iterates it
+    if not any(_traced(x) for x in items):
+        return fn(*args)
+    name = fn.__name__
+    if not items or any(jnp.ndim(x) != 0 for x in items):
+        raise UnsupportedSyntaxError(
+            f"`{name}` of per-example values that are not scalars (or of an empty sequence): Python compares "
+            f"whole values and would raise for every example", Loc(*where),
+            f"write jnp.{'maximum' if name == 'max' else 'minimum'}(a, b) elementwise, or "
+            f"jnp.{name}(x) to reduce an array.")
+    better = jnp.greater if fn is max else jnp.less
+    out = items[0]
+    for x in items[1:]:
+        out = jnp.where(better(x, out), x, out)
+    return out
 
 
 def not_(value: Any) -> Any:

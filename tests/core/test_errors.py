@@ -256,8 +256,8 @@ def uses_zero_step(n):
 
 # Python that needs a concrete value of a per-example one (JAX raises during type inference).
 @pcbatch.autobatch
-def uses_builtin_max(n):
-    return max(n, 2)  # BAD
+def uses_float_of_value(n):
+    return float(n) * 2  # BAD
 
 
 @pcbatch.autobatch
@@ -278,7 +278,7 @@ def uses_boolean_mask(n):
     return jnp.arange(4)[jnp.arange(4) < n].sum()  # BAD
 
 
-CONCRETE = [uses_builtin_max, uses_tuple_compare, uses_int_of_value, uses_boolean_mask]
+CONCRETE = [uses_float_of_value, uses_tuple_compare, uses_int_of_value, uses_boolean_mask]
 
 
 UNSUPPORTED = [
@@ -313,8 +313,8 @@ def test_unsupported_syntax(f):
         f.ir()
 
 
-def rewritten_max(n):
-    return jnp.maximum(n, 2)
+def rewritten_float(n):
+    return n.astype(jnp.float32) * 2
 
 
 def rewritten_tuple_compare(n):
@@ -332,7 +332,7 @@ def rewritten_mask(n):
     return jnp.sum(jnp.where(jnp.arange(4) < n, jnp.arange(4), 0))
 
 
-@pytest.mark.parametrize("f, rewritten", list(zip(CONCRETE, [rewritten_max, rewritten_tuple_compare, rewritten_int,
+@pytest.mark.parametrize("f, rewritten", list(zip(CONCRETE, [rewritten_float, rewritten_tuple_compare, rewritten_int,
                                                               rewritten_mask])), ids=[f.__name__ for f in CONCRETE])
 def test_python_that_needs_a_concrete_value_is_named_with_a_rewrite(f, rewritten):
     """Python runs these one example at a time; pcbatch cannot (a named error from

@@ -315,3 +315,34 @@ def mixed_tuple_assignment(n):
 @FORKS
 def test_a_tuple_assignment_of_a_loop_variable_and_a_fixed_value(fork):
     check(mixed_tuple_assignment, jnp.array([1, 2, 3]), fork=fork)
+
+
+# --- the builtin max/min on per-example scalars: Python's fold -------------------
+
+def tree_height(left, right, node):
+    if left[node] < 0:
+        return 0
+    return 1 + max(tree_height(left, right, left[node]), tree_height(left, right, right[node]))
+
+
+def max_min_mix(x, y, n):
+    return max(x, y, 0.5) + min(n, 3) + max(jnp.stack([x, y])) + min([x, y]) + max(2, 3)
+
+
+@FORKS
+def test_builtin_max_and_min_of_per_example_scalars(fork):
+    """`1 + max(height(l), height(r))` was JAX's TracerBoolConversionError. Python
+    keeps the first of equals and compares with `>`, so NaN first wins and NaN
+    later loses (jnp.maximum would give NaN for both)."""
+    left = jnp.array([[1, -1, -1, -1, -1], [1, 3, -1, -1, -1], [-1, -1, -1, -1, -1]])
+    right = jnp.array([[2, -1, -1, -1, -1], [2, 4, -1, -1, -1], [-1, -1, -1, -1, -1]])
+    node = jnp.zeros(3, jnp.int32)
+    h = pcbatch.autobatch(tree_height, in_axes=(0, 0, 0), fork=fork)
+    python = [tree_height(left[i], right[i], node[i]) for i in range(3)]
+    assert h(left, right, node).tolist() == [int(p) for p in python] == [1, 2, 0]
+    x, y = jnp.array([1.0, jnp.nan, 0.2, 0.7]), jnp.array([jnp.nan, 2.0, 0.1, 0.7])
+    n = jnp.array([1, 5, 3, -2])
+    f = pcbatch.autobatch(max_min_mix, fork=fork)
+    python = np.array([float(max_min_mix(x[i], y[i], n[i])) for i in range(4)], np.float32)
+    np.testing.assert_array_equal(np.asarray(f(x, y, n)), python)   # NaN where Python's is NaN
+    assert np.isnan(python[1]) and not np.isnan(python[0])
