@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pcbatch.errors import DtypeOverflowError
+from pcbatch.errors import DtypeOverflowError, PcbatchError, UnsupportedSyntaxError
 from pcbatch.ir.core import (
     CONSTANT,
     INVARIANT,
@@ -103,7 +103,17 @@ def run_prim(op: Prim, read, types: Any, lanes: int | None) -> dict[str, Any]:
     vals, batched = zip(*(read(v) for v in op.ins)) if op.ins else ((), ())
     vals = tuple(as_typed(x, types[v]) if is_weak(types[v]) else x for v, x in zip(op.ins, vals))
     if any(batched):
-        outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
+        try:
+            outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
+        except (ValueError, NotImplementedError) as e:
+            if op.loc is None or isinstance(e, PcbatchError):
+                raise
+            # It traced one example at a time (type inference): only batching fails, e.g.
+            # an ordered io_callback or a primitive with no batching rule.
+            raise UnsupportedSyntaxError(
+                f"`{op.text}` cannot be batched: jax.vmap of it fails ({type(e).__name__}: {e})", op.loc,
+                "pcbatch runs each line for a batch of examples, as jax.vmap does: write it with "
+                "operations JAX can batch (an unordered callback, jax.pure_callback with vmap_method).") from e
     else:
         outs = op.fn(*vals)
     cast = {}

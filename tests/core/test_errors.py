@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.experimental import checkify
+from jax.experimental import checkify, io_callback
 
 import pcbatch
 from pcbatch import (
@@ -695,3 +695,18 @@ def test_a_literal_past_the_default_int_is_a_named_error():
     with pytest.raises(pcbatch.UnsupportedSyntaxError, match="default type cannot hold") as e:
         f(jnp.asarray([0, 1]), jnp.asarray([1, 2], jnp.uint32))
     assert "WIDE_LITERAL" in str(e.value)
+
+
+def ordered_callback(x, n):
+    if n <= 0:
+        io_callback(lambda v: None, None, x, ordered=True)  # UNBATCHABLE
+        return x
+    return x + 1.0
+
+
+def test_a_line_jax_cannot_batch_is_a_named_error():
+    """Found by a bug hunt: JAX's raw ValueError from vmapping an ordered
+    io_callback (its type inference, one example at a time, passes)."""
+    with pytest.raises(UnsupportedSyntaxError, match="cannot be batched") as e:
+        pcbatch.autobatch(ordered_callback, fork=False)(jnp.asarray([1.0, 2.0]), jnp.asarray([1, 0]))
+    assert "UNBATCHABLE" in str(e.value) and isinstance(e.value.__cause__, ValueError)
