@@ -19,7 +19,8 @@ differentiate none).
 `test_fuzz_grad_programs` runs `PCBATCH_FUZZ_GRAD_EXAMPLES` programs (default
 2) in `make test`; `test_fuzz_grad_long` (marked slow) runs that variable's
 count (default 300) under `make fuzz`. A gradient compiles a recording and a
-backward machine per program, hence the modest counts.
+backward machine per program, hence the modest counts. `PCBATCH_FUZZ_SEED`
+draws another sequence of programs; a progress line goes to stderr every ten.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 
 from .generator import LARGE, SMALL, FuzzCase, fuzz_cases
 from .test_fuzz import _load, _unload, configured
@@ -107,13 +108,22 @@ def _run(n: int, max_stmts: int, grad_switch: bool | None = None) -> tuple[int, 
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                           HealthCheck.large_base_example, HealthCheck.filter_too_much])
 
+    user_seed = os.environ.get("PCBATCH_FUZZ_SEED")
+    if user_seed:
+        options["derandomize"] = False
+
     def prop(case: FuzzCase) -> None:
         count[0] += 1
         count[1] += check_case_grad(case, grad_switch)
         if count[0] % 100 == 0:
             jax.clear_caches()
+        if count[0] % 10 == 0:  # a slow run: minutes per ten programs
+            print(f"fuzz grad: {count[0]} programs passed", file=sys.stderr, flush=True)
 
-    settings(**options)(given(fuzz_cases(max_stmts, differentiable=True))(prop))()
+    test = settings(**options)(given(fuzz_cases(max_stmts, differentiable=True))(prop))
+    if user_seed:
+        test = seed(int(user_seed))(test)
+    test()
     return count[0], count[1]
 
 
