@@ -86,8 +86,7 @@ def _free_loads(node: ast.AST) -> list[str]:
             a = n.args
             for d in a.defaults + [d for d in a.kw_defaults if d is not None]:
                 visit(d, bound)
-            visit(n.body, bound | {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs
-                                   + [p for p in (a.vararg, a.kwarg) if p is not None]})
+            visit(n.body, bound | _binders(n))
             return
         if isinstance(n, _SCOPES):
             # Python evaluates the first iterable in the enclosing scope (`[x for x in x]`),
@@ -147,11 +146,14 @@ def _source(fn: Callable) -> tuple[ast.FunctionDef, str, list[str]]:
     return fdef, filename, all_lines
 
 
+def _lambda_params(a: ast.arguments) -> list[ast.arg]:
+    return a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p]
+
+
 def _binders(node: ast.AST) -> set[str]:
     """The names a lambda or comprehension binds in its own scope."""
     if isinstance(node, ast.Lambda):
-        a = node.args
-        return {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p]}
+        return {p.arg for p in _lambda_params(node.args)}
     return {n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
 
 
@@ -183,8 +185,7 @@ class _Renamer(ast.NodeTransformer):
     def binders(self, node: ast.AST) -> ast.AST:
         """Renames the variables `node` (a lambda or comprehension) binds, in its own scope."""
         if isinstance(node, ast.Lambda):
-            a = node.args
-            for p in a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p]:
+            for p in _lambda_params(node.args):
                 p.arg = self.rename.get(p.arg, p.arg)
         return _visit_scope(node, lambda n: n, self.visit)
 

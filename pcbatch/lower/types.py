@@ -171,17 +171,14 @@ def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, An
             for var, t in zip(op.outs, cache[key]):
                 changed |= assign(var, t, op.loc)
 
+    assigned = [(v, t, prog.param_locs.get(v)) for v, t in input_types.items()]
     for op in ops:  # at the fixpoint, every op must trace with its inputs' final types
         if all(v in types for v in op.ins):
-            failure = cache[(id(op), tuple(type_key(types[v]) for v in op.ins))]
-            if isinstance(failure, Exception):
-                raise failure
-    _check_complete(prog, types, ops)
-    assigned = [(v, t, prog.param_locs.get(v)) for v, t in input_types.items()]
-    for op in ops:
-        if all(v in types for v in op.ins):
             results = cache[(id(op), tuple(type_key(types[v]) for v in op.ins))]
+            if isinstance(results, Exception):
+                raise results
             assigned += [(v, t, op.loc) for v, t in zip(op.outs, results)]
+    _check_complete(prog, types, ops)
     _warn_widened(types, assigned, origin)
     return types
 
