@@ -128,6 +128,33 @@ def _groups(writers: dict[str, list[int]]) -> list[tuple[list[int], list[str]]]:
     return [(list(blocks), names) for blocks, names in out.items()]
 
 
+def _share_out_slots(writers: dict[str, list[int]], types: dict[str, Any]
+                     ) -> tuple[dict[str, tuple[int, int]], list[tuple[Any, int]]]:
+    """Output slots of the step's switch for the registers blocks write: registers of one
+    type share a slot unless a block writes both (a greedy colouring). Every branch returns
+    every slot, so one output per register would make the switch's outputs, and its
+    compile time, grow with blocks x registers (quadratic in the number of functions).
+    Returns `(slot of each register: (kind, k), [(type, slots of that type)])`."""
+    kinds: dict[Any, int] = {}
+    kind_types: list[Any] = []
+    taken: list[list[set[int]]] = []  # per kind, per slot: the blocks writing it
+    out: dict[str, tuple[int, int]] = {}
+    for v in sorted((v for v in writers if writers[v]), key=lambda v: (min(writers[v]), v)):
+        leaves, treedef = jax.tree_util.tree_flatten(types[v])
+        key = (treedef, tuple((tuple(t.shape), t.dtype) for t in leaves))
+        if key not in kinds:
+            kinds[key] = len(kind_types)
+            kind_types.append(types[v])
+            taken.append([])
+        kind, mine = kinds[key], set(writers[v])
+        k = next((i for i, blocks in enumerate(taken[kind]) if not blocks & mine), len(taken[kind]))
+        if k == len(taken[kind]):
+            taken[kind].append(set())
+        taken[kind][k] |= mine
+        out[v] = (kind, k)
+    return out, [(t, len(slots)) for t, slots in zip(kind_types, taken)]
+
+
 class PoolMachine:
     """Builds the loop for one `StackProgram` with forks, specialised to input types."""
 
@@ -183,6 +210,7 @@ class PoolMachine:
         # Where a Return can go: any call's return address (the popped pc).
         self.return_targets = return_targets(blocks)
         self.reg_groups = _groups({v: self.writers[v] for v in self.stored if self.writers[v]})
+        self.out_slots, self.slot_types = _share_out_slots(self.writers, prog.var_types)
         self.stack_groups = _groups({s: self.stack_writers[s] for s in self.stacks})
         self.joins = sorted({t.join for t in self.forks.values()}
                             | {t for blk in blocks if isinstance(blk.term, Await) for t in lane_successors(blk.term, [])})
@@ -452,10 +480,13 @@ class PoolMachine:
 
             own = with_columns(own, {**{getattr(col, name): x for name, x in changes.items()},
                                      **{col.sp[s]: ran.sps[s] for s in self.stacks}})
-            # Every branch returns the same structure: zeros for registers it does not write.
-            regs = {v: ran.env[v] if b in self.writers[v] else zeros_of(types[v], (W,))
-                    for v in self.stored if self.writers[v]}
-            out = {"pc": pc, "lane": own, "regs": regs, "stack_values": {s: x for s, (_, x) in stack_writes.items()},
+            # Every branch returns the same structure: its registers' new values in their slots
+            # (`_share_out_slots`), zeros in the slots it does not write.
+            slots = [[zeros_of(t, (W,)) for _ in range(n)] for t, n in self.slot_types]
+            for v, (kind, k) in self.out_slots.items():
+                if b in self.writers[v]:
+                    slots[kind][k] = cast_to(ran.env[v], types[v], None)
+            out = {"pc": pc, "lane": own, "slots": slots, "stack_values": {s: x for s, (_, x) in stack_writes.items()},
                    "pc_value": pc_write[1]}
             out = tree_map(lambda x: pad_rows(x, N), out)
             # Padding rows: no lane (M), no stack row (D); their values are dropped.
@@ -590,7 +621,8 @@ class PoolMachine:
                 rows = only(on, ids)
                 regs.update(gate(on,
                                  lambda r, x: {v: scatter_rows(r[v], rows, x[v]) for v in r},
-                                 lambda r, x: r, {v: regs[v] for v in names}, {v: out["regs"][v] for v in names}))
+                                 lambda r, x: r, {v: regs[v] for v in names},
+                                 {v: out["slots"][self.out_slots[v][0]][self.out_slots[v][1]] for v in names}))
             stacks = dict(state.stacks)
             for writers, names in self.stack_groups:
                 on = block_in(block, writers)
@@ -622,8 +654,10 @@ class PoolMachine:
                             FreeLanes(state.free.lanes, free_top), pc, only(releasing, out["freed"]))
             src, example = column(out["spawn_rows"], col.parent), column(out["spawn_rows"], col.example)
             for f, term in self.forks.items():
-                regs = gate(block == f, self._spawn_params(term, consts, inv, only(block == f, kid), src, example),
-                            lambda r: r, regs)
+                # Only the registers this Fork reads or writes pass through its conditional: all of them
+                # would copy every register into each Fork's branch (compile time quadratic in functions).
+                names, spawn_params = self._spawn_params(term, consts, inv, regs, only(block == f, kid), src, example)
+                regs.update(gate(block == f, spawn_params, lambda r: r, {v: regs[v] for v in names}))
             for p, (lanes_p, vals) in out["launch_params"].items():
                 launching = block_in(block, self.launch_params[p])
                 regs[p] = gate(launching, lambda r, l, x: scatter_rows(r, l, x),
@@ -660,11 +694,15 @@ class PoolMachine:
         before = failed.at[examples].get(**FILL, fill_value=0)
         return failed.at[examples].set(jnp.where(before == 0, block + 1, before).astype(failed.dtype), **DROP)
 
-    def _spawn_params(self, term: Fork, consts: dict[str, Any], inv: dict[str, Any], kid: jax.Array,
-                      src: jax.Array, example: jax.Array):
+    def _spawn_params(self, term: Fork, consts: dict[str, Any], inv: dict[str, Any], stored: dict[str, Any],
+                      kid: jax.Array, src: jax.Array, example: jax.Array):
         """Children's parameters from their parent's arguments (which lowering
-        keeps in registers, or are constants or per-example invariants)."""
+        keeps in registers, or are constants or per-example invariants):
+        `(names, go)`, `go` taking and returning the registers `names` (those
+        of `stored` it reads or writes)."""
         W, K, types = self.width, self.fan, self.prog.var_types
+        names = sorted({v for c in term.calls for p, a in zip(c.params, c.args) if p in stored
+                        for v in (p, a) if v in stored})
 
         def go(regs):
             regs = dict(regs)
@@ -682,4 +720,4 @@ class PoolMachine:
                     regs[p] = scatter_rows(regs[p], kids[:, j], cast_to(value, types[p], None))
             return regs
 
-        return go
+        return names, go
