@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+from jax.extend import core as jex
 
 from pcbatch.errors import Loc, UnsupportedSyntaxError
 
@@ -31,14 +32,41 @@ def key_impl(dtype: Any) -> Any:
     return dtype._impl  # JAX has no public accessor on the dtype, only on an array (`jax.random.key_impl`)
 
 
+def check_batchable_ops(jaxpr: Any, text: str, loc: Loc | None) -> None:
+    """Raise where `text`'s jaxpr (any depth) makes or uses a key of a `_BATCH_VARIANT`
+    implementation, or calls `lax.rng_bit_generator`: a key made and used within one
+    line (`jax.random.key(n, impl="rbg")`, or `jax.random.PRNGKey(n)` under
+    `jax_default_prng_impl="rbg"`) has no variable for `check_batchable` to see."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "rng_bit_generator":
+            name = "rng_bit_generator"
+        else:
+            names = [key_impl(v.aval.dtype).name for v in (*eqn.invars, *eqn.outvars)
+                     if hasattr(v.aval, "dtype") and is_key(v.aval.dtype)]
+            name = next((n for n in names if n in _BATCH_VARIANT), None)
+        if name is not None:
+            raise UnsupportedSyntaxError(
+                f"`{text}` draws random numbers with {_what(name)}: {_WHY}", loc or Loc("<unknown>", 0), _HINT)
+        for sub in jex.jaxprs_in_params(eqn.params):
+            check_batchable_ops(sub, text, loc)
+
+
+def _what(name: str) -> str:
+    return "lax.rng_bit_generator" if name == "rng_bit_generator" else f"a PRNG key of the `{name}` implementation"
+
+
+_WHY = ("JAX draws other random numbers from it batched than one example at a time (its rng_bit_generator has "
+        "no true batching rule, google/jax#20094), so the batched results could not equal the function's, "
+        "example by example")
+_HINT = ("use threefry2x32 keys (the default: jax.random.key(seed); with jax_default_prng_impl='rbg' set, "
+         "jax.random.key(seed, impl='threefry2x32')).")
+
+
 def check_batchable(var: str, t: Any, loc: Loc | None) -> None:
     """Raise where a leaf of `var`'s type `t` is a key whose implementation
     draws other numbers once batched (`_BATCH_VARIANT`)."""
     for s in jax.tree_util.tree_leaves(t):
         name = key_impl(s.dtype).name if is_key(s.dtype) else None
         if name in _BATCH_VARIANT:
-            raise UnsupportedSyntaxError(
-                f"`{var.rpartition('.')[2]}` is a PRNG key of the `{name}` implementation ({s.dtype}): JAX draws "
-                f"other random numbers from {name} keys batched than one at a time (its rng_bit_generator has no "
-                "true batching rule), so the batched results could not equal the function's, example by example",
-                loc or Loc("<unknown>", 0), "use threefry2x32 keys (the default: jax.random.key(seed)).")
+            raise UnsupportedSyntaxError(f"`{var.rpartition('.')[2]}` is {_what(name)} ({s.dtype}): {_WHY}",
+                                         loc or Loc("<unknown>", 0), _HINT)

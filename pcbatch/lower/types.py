@@ -1,6 +1,7 @@
 """Type inference by abstract evaluation, to a fixpoint.
 
-Every op is run under `jax.eval_shape` on the types of its inputs; a
+Every op is traced (`jax.make_jaxpr`) on the types of its inputs, and its
+jaxpr checked for random numbers a batch cannot reproduce (`ir/keys.py`); a
 variable's type is the join of everything assigned to it: tree structures and
 shapes must agree, dtypes join under JAX promotion (`acc = 0` then
 `acc = acc + 0.5` is float32). Recursive return types come out of the
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 
 from pcbatch.errors import Loc, PcbatchError, TypeJoinWarning, TypeMismatchError, UnsupportedSyntaxError
 from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
-from pcbatch.ir.keys import KEY_JOIN_HINT, check_batchable, is_key
+from pcbatch.ir.keys import KEY_JOIN_HINT, check_batchable, check_batchable_ops, is_key
 from pcbatch.ir.printer import format_type
 
 
@@ -91,7 +92,9 @@ _CONCRETE: tuple[tuple[type, str, str], ...] = (
 
 def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
     try:
-        return jax.eval_shape(op.fn, *in_types)
+        closed, shapes = jax.make_jaxpr(op.fn, return_shape=True)(*in_types)
+        check_batchable_ops(closed.jaxpr, op.text, op.loc)
+        return shapes
     except Exception as e:
         if isinstance(e, PcbatchError):  # raised by pcbatch's own code for the op: it quotes the line
             raise

@@ -5,6 +5,7 @@ stacks across recursive calls, results (also in pytrees) and under
 example by example."""
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 import pytest
 
@@ -120,8 +121,20 @@ def uniform_of(key, n):
 
 
 def rbg_inside(n):
-    key = jax.random.key(n, impl="rbg")  # (one only made and used within one expression is not seen)
+    key = jax.random.key(n, impl="rbg")
     return jax.random.uniform(key)
+
+
+def rbg_in_one_line(n):
+    return jax.random.uniform(jax.random.key(n, impl="rbg"))  # no variable holds the key
+
+
+def raw_key_in_one_line(n):
+    return jax.random.uniform(jax.random.PRNGKey(n))  # a raw uint32 key, rbg under the default below
+
+
+def bit_generator(n):
+    return lax.rng_bit_generator(jnp.stack([n, n, n, n]).astype(jnp.uint32), (2,))[1]
 
 
 def test_rbg_keys_are_a_named_error():
@@ -132,3 +145,19 @@ def test_rbg_keys_are_a_named_error():
         pcbatch.autobatch(uniform_of)(rbg, NS)
     with pytest.raises(UnsupportedSyntaxError, match="rbg"):
         pcbatch.autobatch(rbg_inside)(NS)
+    with pytest.raises(UnsupportedSyntaxError, match="rbg") as err:
+        pcbatch.autobatch(rbg_in_one_line)(NS)
+    assert "no variable holds the key" in str(err.value)  # it quotes the line
+    with pytest.raises(UnsupportedSyntaxError, match="rng_bit_generator"):
+        pcbatch.autobatch(bit_generator)(NS.astype(jnp.uint32))
+
+
+def test_raw_keys_under_an_rbg_default_are_a_named_error():
+    ns = jnp.arange(4, dtype=jnp.uint32)
+    with jax.default_prng_impl("rbg"):
+        # The trap: batched, rbg draws other numbers than one example at a time.
+        assert not np.allclose(jax.vmap(raw_key_in_one_line)(ns), per_example(raw_key_in_one_line, ns))
+        with pytest.raises(UnsupportedSyntaxError, match="rbg"):
+            pcbatch.autobatch(raw_key_in_one_line)(ns)
+    # Under the default (threefry) the same function runs and equals the Python.
+    np.testing.assert_array_equal(pcbatch.autobatch(raw_key_in_one_line)(ns), per_example(raw_key_in_one_line, ns))
