@@ -11,10 +11,12 @@ recursive one.
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
+from jax.extend import core as jex
 
 from pcbatch.errors import Loc, PcbatchError, TypeJoinWarning, TypeMismatchError, UnsupportedSyntaxError
 from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
@@ -183,7 +185,64 @@ def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, An
             assigned += [(v, t, op.loc) for v, t in zip(op.outs, results)]
     _check_complete(prog, types, ops)
     _warn_widened(types, assigned, origin)
+    _warn_bool_joins(types, assigned, ops, cache)
     return types
+
+
+def _primitives(jaxpr: Any) -> list[str]:
+    """The primitives `jaxpr` applies (any depth, in order), conversions left out."""
+    return [name for eqn in jaxpr.eqns for name in
+            ([] if eqn.primitive.name == "convert_element_type" else [eqn.primitive.name])
+            + [n for sub in jex.jaxprs_in_params(eqn.params) for n in _primitives(sub)]]
+
+
+def _nots(jaxpr: Any, of_bool: bool) -> int:
+    """How many `not`s `jaxpr` (any depth) applies to a bool (`of_bool`) or to a number."""
+    return sum((eqn.primitive.name == "not"
+                and any((getattr(v.aval, "dtype", None) == jnp.bool_) == of_bool for v in eqn.invars))
+               + sum(_nots(sub, of_bool) for sub in jex.jaxprs_in_params(eqn.params)) for eqn in jaxpr.eqns)
+
+
+def _computes_otherwise(as_bool: Any, as_number: Any) -> bool:
+    """Whether an op traced with bool inputs (`as_bool`) and with them numbers
+    (`as_number`) computes other values on 0 and 1: JAX's `~` of a bool is
+    logical, of an int bitwise; its `a + b` of two bools is `or`. (Other
+    differences keep the values: `a * b` of bools is `and`, `jnp.where(v, ...)`
+    of a number tests `v != 0`.)"""
+    b, n = Counter(_primitives(as_bool)), Counter(_primitives(as_number))
+    added_as_or = b["or"] > n["or"] and n["add"] > b["add"]
+    return added_as_or or (_nots(as_bool, True) > 0 and _nots(as_number, False) > 0)
+
+
+def _warn_bool_joins(types: dict[str, Any], assigned: list[tuple[str, Any, Loc | None]], ops: list[Prim],
+                     cache: dict[tuple, Any]) -> None:
+    """Warn at an op that reads a variable which is a bool on one path and a
+    number on another, where the op computes something else on the bool: `~v`
+    (logical, where the joined int's is bitwise), `v + w` of two bools (logical or).
+    Found by tracing the op with those inputs as bools again."""
+    was_bool = {var: t for var, t, _ in assigned
+                if jax.tree_util.tree_structure(t) == jax.tree_util.tree_structure(types[var])
+                and any(a.dtype == jnp.bool_ and b.dtype != jnp.bool_
+                        for a, b in zip(jax.tree_util.tree_leaves(t), jax.tree_util.tree_leaves(types[var])))}
+    warned = set()
+    for op in ops:
+        read = [v for v in op.ins if v in was_bool]
+        if not read or op.loc is None or (op.loc, op.text) in warned or not all(v in types for v in op.ins):
+            continue
+        try:
+            as_bool = jax.make_jaxpr(op.fn)(*[was_bool.get(v, types[v]) for v in op.ins]).jaxpr
+            as_joined = jax.make_jaxpr(op.fn)(*[types[v] for v in op.ins]).jaxpr
+        except Exception:  # noqa: BLE001 -- the op does not take the bool: nothing Python would compute
+            continue
+        if _computes_otherwise(as_bool, as_joined):
+            warned.add((op.loc, op.text))
+            names = ", ".join(f"`{v.rpartition('.')[2]}`" for v in read)
+            warnings.warn_explicit(
+                f"`{op.text}` reads {names}, a bool on one path and {format_type(types[read[0]])} on another: "
+                f"pcbatch keeps one type per variable, so this computes on the number, where Python computes on "
+                f"the bool (`~` is logical on a bool, bitwise on an int; bool + bool is `or`). Give every path "
+                f"the same dtype (.astype) to compute as Python does.", TypeJoinWarning, op.loc.filename,
+                op.loc.lineno)
 
 
 def _widens(have: Any, final: Any) -> bool:

@@ -167,3 +167,40 @@ def lambda_free_acc(x, n):
     for _ in range(n):
         acc = acc + x
     return acc
+
+
+def inverted(n):
+    v = n > 2
+    if n > 5:
+        v = n
+    return ~v
+
+
+def added(n):
+    v, w = n > 2, n > 1
+    if n > 5:
+        v, w = n, n
+    return v + w
+
+
+def positive_and_sum(n):
+    return n > 0 and n + 1  # a bool on one path, an int on the other: the same 0/1 either way
+
+
+def test_an_op_that_computes_otherwise_on_a_joined_bool_is_a_warning():
+    """Found by a bug hunt: `v` a bool on one path and an int on another is
+    stored as an int, where Python's `~` on the bool is logical."""
+    n = jnp.asarray([1, 3, 6])
+    python = [inverted(n[i]) for i in range(3)]
+    assert [int(p) for p in python] == [1, 0, -7]              # ~False, ~True, ~6
+    with pytest.warns(pcbatch.TypeJoinWarning, match=r"`~v` reads `v`, a bool on one path and i32\[\]"):
+        out = pcbatch.autobatch(inverted, fork=False)(n)
+    assert out.tolist() == [-1, -2, -7]                        # what the warning says
+    assert [int(added(n[i])) for i in range(3)] == [0, 1, 12]  # JAX's True + True is True
+    with pytest.warns(pcbatch.TypeJoinWarning, match=r"`v \+ w` reads `v`, `w`"):
+        assert pcbatch.autobatch(added, fork=False)(n).tolist() == [0, 2, 12]
+    with warnings.catch_warnings():                            # 0/1 in arithmetic is the same: no warning
+        warnings.simplefilter("error", pcbatch.TypeJoinWarning)
+        m = jnp.asarray([-2, 0, 4])
+        got = pcbatch.autobatch(positive_and_sum, fork=False)(m)
+        assert got.tolist() == [int(positive_and_sum(m[i])) for i in range(3)]
