@@ -7,7 +7,6 @@ executes: the oracle for the machine, and the tracer that schedulers learn from.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +95,7 @@ class Trace:
 
 
 def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int | None = None,
-                      max_depth: int | None = None, forks: bool = True, deadline: float | None = None) -> Trace:
+                      max_depth: int | None = None, forks: bool = True) -> Trace:
     """Run a Figure 4 program on one example (`inputs` maps entry parameters to values).
 
     A Fork runs its children one after another, each as a lane of its own
@@ -108,8 +107,7 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
     lane instead (what a lane does when the pool is exhausted; its
     depth bounds what any schedule needs). Stops early, with `finished=False`,
     after `max_steps` blocks or on reaching `max_depth` frames (the depth the
-    machine would have needed is then at least `max_depth + 1`), or at the
-    `time.monotonic()` `deadline`. A `Fail` (in any of its lanes) ends the
+    machine would have needed is then at least `max_depth + 1`). A `Fail` (in any of its lanes) ends the
     example there: `failed` names its block."""
     env: dict[str, Any] = dict(inputs)
     for op in prog.prelude:
@@ -136,8 +134,6 @@ def run_stack_program(prog: StackProgram, inputs: dict[str, Any], max_steps: int
         node = -1
         while pc != halt:
             if max_steps is not None and len(trace.blocks) >= max_steps:
-                raise Stop
-            if deadline is not None and len(trace.blocks) % 64 == 0 and time.monotonic() > deadline:
                 raise Stop
             node = len(trace.blocks)
             trace.blocks.append(pc)
