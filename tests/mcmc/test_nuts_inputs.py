@@ -19,15 +19,24 @@ def laplace(x):
 
 
 KEY = jax.random.PRNGKey(0)
+# One shape and length for the tests that only need a run: each (log density, shape, length)
+# compiles a sampler once, so these tests share `gaussian`'s and `half_line`'s.
+CHAINS, DRAWS = 3, 3
+
+
+def half_line(x):
+    """Support x[0] > 0: -inf outside (a user's bounded parameter, unconstrained wrongly)."""
+    return jnp.where(x[0] > 0, -0.5 * jnp.sum(x ** 2), -jnp.inf)
 
 
 def test_a_jitted_call_caches_no_tracer():
     """The default mass matrix, a scalar step size and the budget are cached arrays: made
     under the first call's jit, they were tracers that broke every later call."""
-    inside = jax.jit(lambda k: nuts.sample(gaussian, jnp.zeros((3, 2)), k, step_size=0.4, num_samples=5))(KEY)
-    eager = nuts.sample(gaussian, jnp.zeros((3, 2)), KEY, step_size=0.4, num_samples=5)
+    run = lambda f, k: nuts.sample(f, jnp.ones((CHAINS, 2)), k, step_size=0.4, num_samples=DRAWS)  # noqa: E731
+    inside = jax.jit(lambda k: run(gaussian, k))(KEY)
+    eager = run(gaussian, KEY)
     np.testing.assert_array_equal(np.asarray(inside.position), np.asarray(eager.position))
-    other = nuts.sample(laplace, jnp.zeros((3, 2)), KEY, step_size=0.4, num_samples=5)
+    other = run(half_line, KEY)  # another log density after the jitted call
     assert np.isfinite(np.asarray(other.position)).all()
 
 
@@ -56,19 +65,14 @@ def test_bad_input_is_a_named_error(positions, kwargs, says):
     assert isinstance(info.value, ValueError)
 
 
-def half_line(x):
-    """Support x[0] > 0: -inf outside (a user's bounded parameter, unconstrained wrongly)."""
-    return jnp.where(x[0] > 0, -0.5 * jnp.sum(x ** 2), -jnp.inf)
-
-
 def test_a_chain_starting_where_the_density_is_not_finite_is_a_named_error():
     # Before: chain 1 stayed at -inf for every draw (energy inf), silently.
-    x0 = jnp.ones((3, 2)).at[1, 0].set(-1.0)
+    x0 = jnp.ones((CHAINS, 2)).at[1, 0].set(-1.0)
     with pytest.raises(pcbatch.ArgumentError, match=r"1 chain\(s\) \(chain 1: log density -inf\)"):
-        nuts.sample(half_line, x0, KEY, num_samples=3, step_size=0.3)
+        nuts.sample(half_line, x0, KEY, num_samples=DRAWS, step_size=0.3)
     with pytest.raises(pcbatch.ArgumentError, match=r"2 chain\(s\) \(chain 0: log density nan"):
         nuts.sample(lambda x: jnp.sum(jnp.log(x)), -jnp.ones((2, 2)), KEY, num_samples=3, step_size=0.3)
-    out = nuts.sample(half_line, jnp.ones((3, 2)), KEY, num_samples=3, step_size=0.3)  # inside: runs
+    out = nuts.sample(half_line, jnp.ones((CHAINS, 2)), KEY, num_samples=DRAWS, step_size=0.3)  # inside: runs
     assert np.isfinite(np.asarray(out.logdensity)).all()
 
 
@@ -103,7 +107,8 @@ def test_bad_settings_are_named_errors(kwargs, says):
 
 
 def test_summary_of_fewer_than_four_draws_is_a_named_error():
-    out = nuts.sample(gaussian, jnp.zeros((2, 2)), KEY, step_size=0.4, num_samples=3)
+    assert DRAWS < 4
+    out = nuts.sample(gaussian, jnp.zeros((CHAINS, 2)), KEY, step_size=0.4, num_samples=DRAWS)
     with pytest.raises(pcbatch.ArgumentError, match="at least 4 draws"):
         out.summary()
 
@@ -145,13 +150,13 @@ class ScaledGaussian:
 
 
 def test_an_unhashable_log_density_samples_like_a_function():
-    scale = jnp.array([1.0, 3.0])
+    scale = jnp.ones(2)  # unit scales: the model is `gaussian`, whose sampler the tests above compiled
     model = ScaledGaussian(scale)
-    run = lambda f: nuts.sample(f, jnp.zeros((3, 2)), KEY, step_size=0.5, num_samples=6)  # noqa: E731
+    run = lambda f: nuts.sample(f, jnp.ones((CHAINS, 2)), KEY, step_size=0.5, num_samples=DRAWS)  # noqa: E731
     out = run(model)
-    np.testing.assert_allclose(np.asarray(out.position), np.asarray(run(lambda x: model(x)).position), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.position), np.asarray(run(gaussian).position), rtol=1e-6)
     again = run(model)  # the compiled program is reused, by identity
     np.testing.assert_array_equal(np.asarray(again.position), np.asarray(out.position))
-    program = lambda f: nuts.sampler(f, num_samples=6)  # noqa: E731 (built, not compiled)
+    program = lambda f: nuts.sampler(f, num_samples=DRAWS)  # noqa: E731 (built, not compiled)
     assert program(model) is program(model)
     assert program(ScaledGaussian(scale)) is not program(model)  # another object: another program
