@@ -6,8 +6,8 @@
 * Differential: with window adaptation and the progress bar on, every chain
   of the autobatched sampler equals the Python reference run chain by chain,
   and the progress bar (fed by the last chain) ends at its last transition.
-* The API: one key for many chains, `num_chains`, `divergences`, the adapted
-  `inverse_mass_matrix`, ArviZ conversion, a NumPyro model's potential.
+* The API: one key for many chains, `num_chains`, a NumPyro model's potential
+  (`divergences`, the adapted `inverse_mass_matrix` and ArviZ conversion: test_posteriors.py).
 """
 from __future__ import annotations
 
@@ -123,31 +123,9 @@ def test_sample_arguments():
 
 
 # --------------------------------------------------------------------------
-# a Bayesian user's workflow on eight schools (the program is shared with test_posteriors)
+# a Bayesian user's workflow on eight schools (`divergences`, `to_arviz`: test_posteriors.py,
+# on the run it checks against BlackJAX, so that one sampler run serves both)
 # --------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def eight_schools_out():
-    t = targets.eight_schools()
-    return nuts.sample(t.logdensity, jnp.zeros(t.dim), jax.random.PRNGKey(0), num_chains=4, num_warmup=300,
-                       num_samples=500, adaptation="window")
-
-
-def test_result_divergences_and_arviz(eight_schools_out):
-    out = eight_schools_out
-    np.testing.assert_array_equal(out.divergences, np.asarray(out.info.is_divergent).sum(axis=1))
-    assert out.divergences.shape == (4,) and out.inverse_mass_matrix.shape == (4, 10)
-    az = pytest.importorskip("arviz")
-    idata = out.to_arviz(targets.eight_schools_unravel, dims={"theta": ["school"], "theta_tilde": ["school"]})
-    assert idata.posterior["theta"].shape == (4, 500, 8) and idata.posterior["mu"].shape == (4, 500)
-    np.testing.assert_allclose(idata.posterior["mu"].values, np.asarray(out.position)[:, :, 0])
-    np.testing.assert_array_equal(idata.sample_stats["diverging"].values, np.asarray(out.info.is_divergent))
-    assert int(idata.sample_stats["diverging"].sum()) == out.divergences.sum()
-    summary = az.summary(idata, var_names=["mu", "tau"])
-    assert list(summary.index) == ["mu", "tau"] and (summary["r_hat"] < 1.05).all()
-    plain = out.to_inference_data()
-    assert plain.posterior["x"].shape == (4, 500, 10)
-
 
 def test_numpyro_model_potential():
     """A NumPyro model sampled through its potential (the README's recipe), checked against BlackJAX's

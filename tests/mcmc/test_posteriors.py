@@ -55,8 +55,8 @@ def _check_against(x, ref, what):
     assert np.abs(z_sd).max() < Z, (what, sd, ref["sd"], z_sd)
 
 
-def _eight_schools(warmup, samples):
-    out = _run(targets.eight_schools(), 0, warmup, samples)
+def _eight_schools(warmup, samples, out=None):
+    out = _run(targets.eight_schools(), 0, warmup, samples) if out is None else out
     assert out.summary()["rhat"].max() < 1.05
     assert out.divergences.sum() <= 0.01 * out.position.shape[0] * samples   # non-centered: (almost) none
     xs = jnp.asarray(out.position)
@@ -68,8 +68,30 @@ def _eight_schools(warmup, samples):
     _check_against(np.asarray(xs[:, :, 1:2], np.float64), ref["log_tau"], "log_tau")
 
 
-def test_eight_schools_noncentered_matches_blackjax():
-    _eight_schools(300, 500)
+@pytest.fixture(scope="module")
+def eight_schools_out():
+    """One run for the posterior check and the API test (`divergences`, `to_arviz`)."""
+    return _run(targets.eight_schools(), 0, 300, 500)
+
+
+def test_eight_schools_noncentered_matches_blackjax(eight_schools_out):
+    _eight_schools(300, 500, eight_schools_out)
+
+
+def test_result_divergences_and_arviz(eight_schools_out):
+    out = eight_schools_out
+    np.testing.assert_array_equal(out.divergences, np.asarray(out.info.is_divergent).sum(axis=1))
+    assert out.divergences.shape == (4,) and out.inverse_mass_matrix.shape == (4, 10)
+    az = pytest.importorskip("arviz")
+    idata = out.to_arviz(targets.eight_schools_unravel, dims={"theta": ["school"], "theta_tilde": ["school"]})
+    assert idata.posterior["theta"].shape == (4, 500, 8) and idata.posterior["mu"].shape == (4, 500)
+    np.testing.assert_allclose(idata.posterior["mu"].values, np.asarray(out.position)[:, :, 0])
+    np.testing.assert_array_equal(idata.sample_stats["diverging"].values, np.asarray(out.info.is_divergent))
+    assert int(idata.sample_stats["diverging"].sum()) == out.divergences.sum()
+    summary = az.summary(idata, var_names=["mu", "tau"])
+    assert list(summary.index) == ["mu", "tau"] and (summary["r_hat"] < 1.05).all()
+    plain = out.to_inference_data()
+    assert plain.posterior["x"].shape == (4, 500, 10)
 
 
 @pytest.mark.slow
