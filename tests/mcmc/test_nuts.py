@@ -56,9 +56,11 @@ COV5 = _ar_cov([1.0, 0.5, 2.0, 1.0, 0.25], 0.7)
 LOGP2, LOGP3, LOGP4, LOGP5 = _gaussian(COV2), _gaussian(COV3), _gaussian(COV4), _gaussian(COV5)
 
 
-def _run_both(logdensity, x0, keys, step_size, inv_mass, **options):
-    args, per_step, per_mass = nuts.prepare(x0, keys, step_size, inv_mass,
-                                            options["num_samples"] + options.get("num_warmup", 0))
+def _run_both(logdensity, x0, keys, step_size, inv_mass, args=None, **options):
+    """The sampler's draws (`checked`: no overflow, every chain finished) and the reference's."""
+    if args is None:
+        args = nuts.prepare(x0, keys, step_size, inv_mass, options["num_samples"] + options.get("num_warmup", 0))[0]
+    per_step, per_mass = np.ndim(args[3]) == 1, np.ndim(args[4]) == 2
     prog = nuts.sampler(logdensity, per_chain_step_size=per_step, per_chain_mass=per_mass, **options)
     out, status = prog.checked(*args)
     assert not np.any(np.asarray(status.overflow)) and not np.any(np.asarray(status.unfinished))
@@ -82,38 +84,49 @@ def _keys(seed, chains):
     return jax.random.split(jax.random.PRNGKey(seed), chains)
 
 
-def _uturns_2d(chains: int = 4):
+UTURNS_2D = dict(num_samples=5, max_tree_depth=6)
+
+
+def _uturns_2d_args(chains: int = 4):
     x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
-    return _run_both(LOGP2, x0, _keys(0, chains), 0.3, None, num_samples=8, max_tree_depth=6)
+    return nuts.prepare(x0, _keys(0, chains), 0.3, None, UTURNS_2D["num_samples"])[0]
 
 
 def test_differential_2d_uturns_and_schedules():
-    chains = 4
-    out, ref, args = _uturns_2d(chains)
-    _assert_same(out, ref)
-    steps = np.asarray(out.info.num_integration_steps)
-    assert out.position.shape == (chains, 8, 2) and steps.shape == (chains, 8) and out.step_size.shape == (chains,)
-    assert np.asarray(out.info.is_turning).all()            # every trajectory stopped on a U-turn
-    assert len(np.unique(steps)) >= 3                        # trajectories of different lengths ...
-    assert len(np.unique(steps.sum(axis=1))) >= 2            # ... so chains desynchronize
-    # Every scheduler gives the same result; gradient-last runs the leaf block
-    # only with every unfinished chain there, so it runs it as often as the
-    # chain that visits it most (each visit evaluates one or two leaves).
-    last = nuts.sampler(LOGP2, num_samples=8, max_tree_depth=6)  # the default scheduler
+    chains, n = 4, UTURNS_2D["num_samples"]
+    args = _uturns_2d_args(chains)
+    last = nuts.sampler(LOGP2, **UTURNS_2D)  # the default scheduler
+    ref = last.reference(*args)
+    # Every scheduler gives the same result. make test runs the U-turn program
+    # under GradientQuorum (its only test); the default GradientLast's draws
+    # equal the reference on every other differential program here, and on
+    # this one in the matrix test below.
     assert isinstance(last.scheduler, nuts.GradientLast)
     assert last.scheduler.leaf == nuts.leaf_block(last.lowered(*args))
     quorum = last.with_schedule(nuts.GradientQuorum(last.scheduler.leaf))
-    _assert_same(quorum(*args), ref)
+    out, status = quorum.checked(*args)
+    assert not np.any(np.asarray(status.overflow)) and not np.any(np.asarray(status.unfinished))
+    _assert_same(out, ref)
+    steps = np.asarray(out.info.num_integration_steps)
+    assert out.position.shape == (chains, n, 2) and steps.shape == (chains, n) and out.step_size.shape == (chains,)
+    assert np.asarray(out.info.is_turning).all()            # every trajectory stopped on a U-turn
+    assert len(np.unique(steps)) >= 3                        # trajectories of different lengths ...
+    assert len(np.unique(steps.sum(axis=1))) >= 2            # ... so chains desynchronize
+    # Gradient-last runs the leaf block only with every unfinished chain there,
+    # so it runs it as often as the chain that visits it most (each visit
+    # evaluates one or two leaves).
     visits = [t.blocks.count(quorum.scheduler.leaf) for t in quorum.reference_trace(*args)]
     trace = last.trace(*args)  # GradientLast runs the leaf block once for every chain waiting there
     assert not trace.truncated and int(np.sum(trace.blocks == quorum.scheduler.leaf)) == max(visits) < sum(visits)
 
 
-@pytest.mark.matrix  # two more compiled samplers; make test covers both ideas elsewhere (test_schedules, test_targets)
-def test_2d_uturns_under_earliest_and_one_leaf_per_step():
-    out, ref, args = _uturns_2d()
+@pytest.mark.matrix  # three more compiled samplers; make test covers each idea elsewhere (above, test_targets)
+def test_2d_uturns_under_gradient_last_earliest_and_one_leaf_per_step():
+    args = _uturns_2d_args()
+    last = nuts.sampler(LOGP2, **UTURNS_2D)
+    out, ref, _ = _run_both(LOGP2, None, None, None, None, args=args, **UTURNS_2D)
+    _assert_same(out, ref)  # the default scheduler, GradientLast, on the U-turn program
     steps = np.asarray(out.info.num_integration_steps)
-    last = nuts.sampler(LOGP2, num_samples=8, max_tree_depth=6)
     _assert_same(last.with_schedule("earliest")(*args), ref)
     # Every block followed and masked (no conditional in a step, for GPUs): the same draws.
     every = last.with_schedule(nuts.GradientLast(last.scheduler.leaf, follow="all"))
@@ -125,16 +138,20 @@ def test_2d_uturns_under_earliest_and_one_leaf_per_step():
     # One leaf per step wastes no leaf: a chain visits the leaf block once per
     # gradient it needs (the pairs wasted one per transition). Its draws equal
     # the reference's in test_targets.py's logistic regression.
-    single = nuts.sampler(LOGP2, num_samples=8, max_tree_depth=6, leaves_per_step=1)
+    single = nuts.sampler(LOGP2, leaves_per_step=1, **UTURNS_2D)
     trace = single.trace(*args)
     assert not trace.truncated and int(np.sum(trace.blocks == single.scheduler.leaf)) == steps.sum(axis=1).max()
     assert steps.sum(axis=1).max() < 2 * max(visits)
 
 
+# `sample`'s program on the 2-d Gaussian, shared by the budget and API tests (one compile).
+SAMPLE_CHAINS, SAMPLE_OPTIONS = 5, dict(num_samples=12, max_tree_depth=6)
+
+
 def test_gradient_budget_stops_each_chain_after_its_transition_and_continues():
-    chains, n, budget = 5, 12, 40
+    chains, n, budget = SAMPLE_CHAINS, SAMPLE_OPTIONS["num_samples"], 40
     x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
-    options = dict(step_size=0.3, num_samples=n, max_tree_depth=6)
+    options = dict(step_size=0.3, **SAMPLE_OPTIONS)
     full = nuts.sample(LOGP2, x0, _keys(0, chains), **options)
     np.testing.assert_array_equal(np.asarray(full.num_draws), [n] * chains)
     out = nuts.sample(LOGP2, x0, _keys(0, chains), gradient_budget=budget, **options)
@@ -233,7 +250,7 @@ def test_differential_5d_leapfrogs_per_leaf_per_chain_step_and_max_depth():
     step = jnp.asarray([0.02, 0.05, 0.1, 0.2])
     inv_mass = jnp.asarray(np.diag(COV5), jnp.float32)
     out, ref, _ = _run_both(LOGP5, x0, _keys(3, chains), step, inv_mass,
-                            num_samples=5, max_tree_depth=4, leapfrogs_per_leaf=4)
+                            num_samples=3, max_tree_depth=4, leapfrogs_per_leaf=4)
     _assert_same(out, ref)
     steps = np.asarray(out.info.num_integration_steps)
     assert np.all(steps % 4 == 0)
@@ -244,20 +261,33 @@ def test_differential_5d_leapfrogs_per_leaf_per_chain_step_and_max_depth():
     assert np.all(depth <= 4)
 
 
-def test_differential_divergences_per_chain_mass():
-    chains = 5
+DIVERGENCES = dict(num_samples=4, max_tree_depth=5, max_delta_energy=5.0, uturn_criterion="numpyro")
+
+
+def _divergences_3d():
+    chains = 4
     x0 = jax.random.normal(jax.random.PRNGKey(4), (chains, 3))
     inv_mass = jnp.abs(jax.random.normal(jax.random.PRNGKey(5), (chains, 3))) + 0.5
-    options = dict(num_samples=6, max_tree_depth=5, max_delta_energy=5.0, uturn_criterion="numpyro")
-    out, ref, args = _run_both(LOGP3, x0, _keys(6, chains), 0.3, inv_mass, **options)
+    return nuts.prepare(x0, _keys(6, chains), 0.3, inv_mass, DIVERGENCES["num_samples"])[0]
+
+
+def test_differential_divergences_per_chain_mass_four_leaves_per_step():
+    # Four leaves per step: trees cut short by a divergence or a U-turn inside
+    # the unrolled bottom (the rest of its leaves wasted), the same draws. The
+    # default two leaves per step run the 2-d, 5-d and warm-up programs here,
+    # and this one in the matrix test below.
+    args = _divergences_3d()
+    out, ref, _ = _run_both(LOGP3, None, None, None, None, args=args, leaves_per_step=4, **DIVERGENCES)
     _assert_same(out, ref)
     div = np.asarray(out.info.is_divergent)
     assert div.any() and not div.all()
     assert not np.asarray(out.info.is_turning)[div].any()
-    # Four leaves per step: trees cut short by a divergence or a U-turn inside
-    # the unrolled bottom (the rest of its leaves wasted), the same draws.
-    quads = nuts.sampler(LOGP3, per_chain_mass=True, leaves_per_step=4, **options)
-    _assert_same(quads(*args), ref)
+
+
+@pytest.mark.matrix  # the two-leaf cell of the divergence program (make test: four leaves, above)
+def test_differential_divergences_per_chain_mass_two_leaves_per_step():
+    out, ref, _ = _run_both(LOGP3, None, None, None, None, args=_divergences_3d(), **DIVERGENCES)
+    _assert_same(out, ref)
 
 
 def test_differential_warmup():
@@ -312,13 +342,14 @@ def test_warmup_reaches_target_acceptance_from_either_side():
 
 
 def test_sample_api_and_errors():
+    chains, n = SAMPLE_CHAINS, SAMPLE_OPTIONS["num_samples"]
     keys = jax.random.key(0)
-    typed = jax.random.split(keys, 3)
-    out = nuts.sample(LOGP2, jnp.zeros((3, 2)), typed, step_size=0.4, num_samples=4, max_tree_depth=5)
-    again = nuts.sample(LOGP2, jnp.zeros((3, 2)), jax.random.key_data(typed), step_size=0.4,
-                        num_samples=4, max_tree_depth=5)
+    typed = jax.random.split(keys, chains)
+    out = nuts.sample(LOGP2, jnp.zeros((chains, 2)), typed, step_size=0.4, **SAMPLE_OPTIONS)
+    again = nuts.sample(LOGP2, jnp.zeros((chains, 2)), jax.random.key_data(typed), step_size=0.4,
+                        **SAMPLE_OPTIONS)
     np.testing.assert_array_equal(np.asarray(out.position), np.asarray(again.position))
-    assert out.info.acceptance_rate.shape == (3, 4)
+    assert out.info.acceptance_rate.shape == (chains, n)
     assert np.all((np.asarray(out.info.acceptance_rate) >= 0) & (np.asarray(out.info.acceptance_rate) <= 1))
     np.testing.assert_array_equal(np.asarray(out.step_size), np.float32(0.4))  # no warm-up: unchanged
     assert nuts.sampler(LOGP2, num_samples=4, max_tree_depth=5) is nuts.sampler(LOGP2, num_samples=4,
@@ -328,7 +359,7 @@ def test_sample_api_and_errors():
     with pytest.raises(ValueError, match="keys"):
         nuts.sample(LOGP2, jnp.zeros((2, 2)), typed, step_size=0.4, num_samples=2)
     with pytest.raises(ValueError, match="inverse_mass_matrix"):
-        nuts.sample(LOGP2, jnp.zeros((3, 2)), typed, step_size=0.4, inverse_mass_matrix=jnp.eye(2) * 2,
+        nuts.sample(LOGP2, jnp.zeros((chains, 2)), typed, step_size=0.4, inverse_mass_matrix=jnp.eye(2) * 2,
                     num_samples=2)
     with pytest.raises(ValueError, match="uturn_criterion"):
         nuts.sampler(LOGP2, num_samples=2, uturn_criterion="nope")
@@ -340,7 +371,7 @@ def test_sample_api_and_errors():
     shallow = pcbatch.autobatch(nuts.sampler(LOGP2, num_samples=1, max_tree_depth=4).fn,
                                 in_axes=(0, 0, 0, None, None, 0, 0), max_stack_depth=2)
     with pytest.raises(pcbatch.StackOverflowError):
-        shallow(*nuts.prepare(jnp.zeros((3, 2)), typed, 0.01, None, 1)[0])
+        shallow(*nuts.prepare(jnp.zeros((chains, 2)), typed, 0.01, None, 1)[0])
 
 
 # --------------------------------------------------------------------------
