@@ -3,7 +3,7 @@ queue ranks (`pool.ranks_by_slot`), against plain NumPy on random inputs."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pcbatch.runtime.lanes import first_true, gather_rows, pad_rows, scatter_rows, with_columns
@@ -26,7 +26,11 @@ def test_with_columns_equals_setting_each_column(seed, cols, rows, batched_lead)
     want = table.copy()
     for c, v in values.items():
         want[..., c] = v
-    got = with_columns(jnp.asarray(table), values)
+    # Under jit, as in the machine: the table and the array columns traced, the numbers
+    # constants (one compile per example; eagerly, each of its ops compiles for every new shape).
+    arrays = {c: v for c, v in values.items() if isinstance(v, np.ndarray)}
+    numbers = {c: v for c, v in values.items() if c not in arrays}
+    got = jax.jit(lambda t, a: with_columns(t, {**a, **numbers}))(jnp.asarray(table), arrays)
     assert got.dtype == jnp.int32 and got.shape == table.shape
     np.testing.assert_array_equal(np.asarray(got), want)
 
@@ -45,9 +49,13 @@ def test_gather_scatter_pad_and_first_true():
     assert jax.tree_util.tree_structure(gather_rows({"a": x}, ids)) == jax.tree_util.tree_structure({"a": x})
 
 
-@settings(max_examples=12)
+# Each example compiles: a few drawn, and the corners: the most places, rows and blocks
+# (several words of bit fields), and one row, place and block.
+@settings(max_examples=5)
 @given(st.integers(0, 2**16), st.integers(1, 8), st.one_of(st.integers(1, 40), st.sampled_from([1023, 2999])),
        st.integers(1, 12))
+@example(seed=7, places=8, rows=2999, blocks=12)
+@example(seed=3, places=1, rows=1, blocks=1)
 def test_queue_ranks_by_successor_place_equal_counting_in_python(seed, places, rows, blocks):
     """The pool's queue bookkeeping (`pool.ranks_by_slot`): each row names one of the
     block's successors by its place (or none); it gets the successor's block, its rank
