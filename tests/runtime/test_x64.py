@@ -14,7 +14,9 @@ test asserts that too, so it cannot pass by computing in 32 bits.
 
 Every test runs inside `jax.enable_x64(True)` (an autouse fixture), so other
 test modules see x64 off. Batches and lane pools are small: compiling
-fork-join machines is slow.
+fork-join machines is slow; for the same reason `make test` runs each program
+in one or two of the four (fork, jit) cells, every cell with some program, and
+`make test-matrix` the rest (`cells`).
 """
 from __future__ import annotations
 
@@ -64,13 +66,24 @@ def variant(fn, **options):
     return _VARIANTS[key]
 
 
-def runs(fn):
-    """(label, callable) for fork=True and fork=False, eager and under jax.jit."""
-    out = []
-    for fork in (True, False):
-        f = variant(fn, fork=fork)
-        out += [(f"fork={fork} eager", f), (f"fork={fork} jit", jax.jit(f))]
-    return out
+CELLS = [(True, False), (True, True), (False, False), (False, True)]  # (fork, jit)
+
+
+def cells(*kept):
+    """Parameters `fork, jit`: the four cells (fork=True and fork=False, eager and
+    under jax.jit), each compiling a machine of its own. Those not `kept` are `matrix`
+    cells: every row (program) and column (cell) still runs in `make test`. A program
+    that never forks lowers to the same plain machine under fork=True: its fork=True
+    cells only compile that machine again."""
+    return [pytest.param(fork, jit, id=f"fork={fork}-{'jit' if jit else 'eager'}",
+                         marks=() if (fork, jit) in kept else pytest.mark.matrix)
+            for fork, jit in CELLS]
+
+
+def run_of(fn, fork, jit):
+    """(label, callable): `fn` under `fork`, eagerly or under jax.jit."""
+    f = variant(fn, fork=fork)
+    return f"fork={fork} {'jit' if jit else 'eager'}", jax.jit(f) if jit else f
 
 
 def assert_ints(got, want, what):
@@ -178,7 +191,8 @@ def float32_of(fn, *args):
 # --- results --------------------------------------------------------------------
 
 
-def test_fork_join_int64_beyond_int32():
+@pytest.mark.parametrize("fork, jit", cells((True, False), (False, True)))
+def test_fork_join_int64_beyond_int32(fork, jit):
     ns = [7, 10, 1, 0, 4]
     units = [2**33 + 1, 3, -(2**40), 5, 2**52]
     want = [tree_py(n, u) for n, u in zip(ns, units)]
@@ -186,29 +200,32 @@ def test_fork_join_int64_beyond_int32():
     args = (jnp.asarray(ns, jnp.int64), jnp.asarray(units, jnp.int64))
     assert tree.lowered(*args).has_forks
     assert_ints(tree.reference(*args), want, "reference")
-    for label, f in runs(tree):
-        assert_ints(f(*args), want, label)
+    label, f = run_of(tree, fork, jit)
+    assert_ints(f(*args), want, label)
 
 
-def test_linear_recursion_int64_fib_90():
+@pytest.mark.parametrize("fork, jit", cells((False, False)))
+def test_linear_recursion_int64_fib_90(fork, jit):
     ns = [90, 60, 0, 47, 1]
     args = (jnp.asarray(ns, jnp.int64), jnp.zeros(5, jnp.int64), jnp.ones(5, jnp.int64))
     want = [tail_fib_py(n, 0, 1) for n in ns]
     assert beyond_int32(want) and max(want) > 2**61
-    for label, f in runs(tail_fib):
-        assert_ints(f(*args), want, label)
+    label, f = run_of(tail_fib, fork, jit)
+    assert_ints(f(*args), want, label)
 
 
-def test_while_loop_int64():
+@pytest.mark.parametrize("fork, jit", cells((False, True)))
+def test_while_loop_int64(fork, jit):
     starts = [27, 2**40 + 1, 97, 1, 2**35 - 1]
     want = [collatz_py(n) for n in starts]
     assert beyond_int32(want)
     args = (jnp.asarray(starts, jnp.int64),)
-    for label, f in runs(collatz):
-        assert_ints(f(*args), want, label)
+    label, f = run_of(collatz, fork, jit)
+    assert_ints(f(*args), want, label)
 
 
-def test_fork_join_float64():
+@pytest.mark.parametrize("fork, jit", cells((True, True), (False, False)))
+def test_fork_join_float64(fork, jit):
     xs, ns = [1.0, 0.75, 3.0, 1.0], [6, 8, 1, 3]
     want = [ftree_py(x, n) for x, n in zip(xs, ns)]
     f32 = [float32_of(ftree_py, x, n) for x, n in zip(xs, ns)]
@@ -216,11 +233,12 @@ def test_fork_join_float64():
     assert np.max(np.abs(np.subtract(f32, want)) / np.abs(want)) > 1e-10
     args = (jnp.asarray(xs, jnp.float64), jnp.asarray(ns, jnp.int64))
     assert ftree.lowered(*args).has_forks
-    for label, f in runs(ftree):
-        assert_floats(f(*args), want, label)
+    label, f = run_of(ftree, fork, jit)
+    assert_floats(f(*args), want, label)
 
 
-def test_stacked_values_float64_and_int64():
+@pytest.mark.parametrize("fork, jit", cells((False, True)))
+def test_stacked_values_float64_and_int64(fork, jit):
     ns, xs, ks = [30, 5, 0, 18], [1.0, 2.5, 0.5, 1.0], [1, 2**20, 7, 2**3]
     want = [stacked_py(n, x, k) for n, x, k in zip(ns, xs, ks)]
     want_x, want_k = [w[0] for w in want], [w[1] for w in want]
@@ -229,20 +247,24 @@ def test_stacked_values_float64_and_int64():
     assert np.max(np.abs(np.subtract(f32, want_x)) / np.abs(want_x)) > 1e-10
     args = (jnp.asarray(ns, jnp.int64), jnp.asarray(xs, jnp.float64), jnp.asarray(ks, jnp.int64))
     assert stacked.lowered(*args).vars_of_class("stacked"), "the test needs values on a stack"
-    for label, f in runs(stacked):
-        got_x, got_k = f(*args)
-        assert_floats(got_x, want_x, label)
-        assert_ints(got_k, want_k, label)
+    label, f = run_of(stacked, fork, jit)
+    got_x, got_k = f(*args)
+    assert_floats(got_x, want_x, label)
+    assert_ints(got_k, want_k, label)
 
 
-def test_small_pool_and_other_schedulers():
+# Each compiles a pool: the small pool runs the depth scheduler; agenda (which reads the
+# frontier alike) is a `matrix` cell.
+@pytest.mark.parametrize("options", [dict(max_lanes=4, lane_width=2, schedule="depth"),
+                                     pytest.param(dict(schedule="agenda"), marks=pytest.mark.matrix)],
+                         ids=["small-pool-depth", "agenda"])
+def test_small_pool_and_other_schedulers(options):
     """Forks that find no free lane take the sequential path; the depth and
     agenda schedulers read the (int64) frontier."""
     ns, units = [9, 6, 8], [2**35, -3, 2**33]
     want = [tree_py(n, u) for n, u in zip(ns, units)]
     args = (jnp.asarray(ns, jnp.int64), jnp.asarray(units, jnp.int64))
-    for options in (dict(max_lanes=4, lane_width=2), dict(schedule="depth"), dict(schedule="agenda")):
-        assert_ints(variant(tree, **options)(*args), want, str(options))
+    assert_ints(variant(tree, **options)(*args), want, str(options))
 
 
 def test_status_trace_and_checked_under_jit():
@@ -267,9 +289,9 @@ def test_stack_overflow_raised(fork):
 # --- gradients ------------------------------------------------------------------
 
 
-def _grad_pairs(fn, args, i, eager=True):
-    """d/d args[i] of sum(out**2): (autobatched, eager), (autobatched, jit) and
-    the reference's, per fork setting."""
+def _grad_pairs(fn, args, i, kept):
+    """d/d args[i] of sum(out**2): the autobatched one's (eagerly or under jit, for
+    the `(fork, jit)` cells `kept`) and the reference's."""
     def loss(f):
         def go(x):
             a = list(args)
@@ -279,11 +301,12 @@ def _grad_pairs(fn, args, i, eager=True):
         return go
 
     want = jax.grad(loss(fn.reference))(args[i])
-    for fork in (True, False):
+    for fork, jit in kept:
         f = variant(fn, fork=fork)
-        if eager:
+        if not jit:
             yield f"fork={fork} grad", jax.grad(loss(f))(args[i]), want
-        yield f"fork={fork} jit(grad)", jax.jit(jax.grad(loss(f)))(args[i]), want
+        else:
+            yield f"fork={fork} jit(grad)", jax.jit(jax.grad(loss(f)))(args[i]), want
 
 
 TABLE32 = jnp.asarray([3, -1, 4, 1], jnp.int32)  # a 32-bit constant, as code written for x64 off makes
@@ -338,21 +361,37 @@ def test_python_number_beside_a_narrower_value():
     assert ref.tolist() == [1e5, 1.5] and np.isfinite(ref).all()
 
 
-@pytest.mark.parametrize("grad_switch", [False, True])
-def test_gradients_fork_join_float64(grad_switch):
+# Per (grad_switch, fork, jit): the gradient machines `make test` compiles; the others are
+# `matrix` cells. Every fork setting runs eagerly and under jit, and the switch under jit
+# with forks (`tests/grad/test_grad_models.py` runs it with fork=False too).
+GRADIENT_CELLS = [
+    pytest.param(False, [(True, False), (False, True)], id="cond"),
+    pytest.param(False, [(True, True), (False, False)], id="cond-other-cells", marks=pytest.mark.matrix),
+    pytest.param(True, [(True, True)], id="switch"),
+    pytest.param(True, [(False, True)], id="switch-fork=False", marks=pytest.mark.matrix),
+]
+
+
+@pytest.mark.parametrize("grad_switch, kept", GRADIENT_CELLS)
+def test_gradients_fork_join_float64(grad_switch, kept):
     """Under a cond per recorded block (the CPU's way) and one switch with masked
     tape writes (accelerators': `Tuning.grad_switch`; under jit only, as a training
     step compiles it: the eager call compiles the same recorder once more)."""
     f = ftree.with_options(tuning=pcbatch.Tuning(grad_switch=grad_switch))
     args = (jnp.asarray([1.0, 0.75, 2.0], jnp.float64), jnp.asarray([6, 4, 1], jnp.int64))
-    for label, got, want in _grad_pairs(f, args, 0, eager=not grad_switch):
+    for label, got, want in _grad_pairs(f, args, 0, kept):
         assert_floats(got, want, label, rtol=1e-12)
 
 
-def test_gradients_stacked_float64():
+# `stacked` never forks: under fork=True it differentiates the same plain machine. Under
+# jit, another compile (ftree's cells run under jit): `matrix` cells.
+@pytest.mark.parametrize("kept", [pytest.param([(False, False)], id="fork=False"),
+                                  pytest.param([(False, True), (True, False), (True, True)], id="other-cells",
+                                               marks=pytest.mark.matrix)])
+def test_gradients_stacked_float64(kept):
     args = (jnp.asarray([12, 3, 0], jnp.int64), jnp.asarray([1.0, 2.5, 0.5], jnp.float64),
             jnp.asarray([1, 5, 2], jnp.int64))
-    for label, got, want in _grad_pairs(stacked, args, 1):
+    for label, got, want in _grad_pairs(stacked, args, 1, kept):
         assert_floats(got, want, label, rtol=1e-12)
 
 
@@ -374,11 +413,14 @@ def x64_off():
 
 def test_x64_off_keeps_32_bit_state(x64_off):
     """The same function, x64 off: int32 results and int32 machine state
-    (its compiled program is not the x64 one: the cache key has the index type)."""
-    ns, units = np.asarray([6, 3], np.int64), np.asarray([5, 1], np.int64)
-    result, status = tree.checked(ns, units)
-    assert result.dtype == np.int32 and result.tolist() == [tree_py(6, 5), tree_py(3, 1)]
+    (its compiled program is not the x64 one: the cache key has the index type).
+    The shapes of test_fork_join_int64_beyond_int32's: with x64 on, its machine."""
+    f = variant(tree, fork=True)
+    ns, units = np.asarray([7, 10, 1, 0, 4], np.int64), np.asarray([5, 1, 3, -2, 7], np.int64)
+    result, status = f.checked(ns, units)
+    assert result.dtype == np.int32 and result.tolist() == [tree_py(n, u) for n, u in zip(ns, units)]
     assert status.steps.dtype == np.int32 and status.peak_lanes.dtype == np.int32
     with _x64_on():
-        result, status = tree.checked(ns, units)
+        result, status = f.checked(ns, units)
     assert result.dtype == np.int64 and status.steps.dtype == np.int64
+    assert result.tolist() == [tree_py(n, u) for n, u in zip(ns, units)]
