@@ -6,6 +6,7 @@ own lane), eagerly and under jit."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import pcbatch
 from pcbatch.ir.core import Await, Collect, Launch
@@ -113,15 +114,31 @@ def test_sibling_links_fork_and_equal_python():
     out, status = sibling_walk.checked(w, first, nxt, roots)
     np.testing.assert_allclose(out, expected, rtol=1e-6)
     assert int(status.peak_lanes) > len(roots)  # the nodes of a tree ran in lanes of their own
-    # Pools too small for every child: lanes that find none call in their own lane.
-    for lanes in (len(roots), len(roots) + 3):
-        np.testing.assert_allclose(sibling_walk.with_options(max_lanes=lanes)(w, first, nxt, roots), expected,
-                                   rtol=1e-6)
+    # A pool too small for every child: lanes that find none call in their own lane. Under jit
+    # (each pool, and jit, compiles a machine: one for both).
+    few = sibling_walk.with_options(max_lanes=len(roots) + 3)
+    np.testing.assert_allclose(jax.jit(few)(w, first, nxt, roots), expected, rtol=1e-6)
+
+
+@pytest.mark.matrix
+def test_sibling_links_without_a_spare_lane_and_the_default_pool_under_jit():
+    """The cells test_sibling_links_fork_and_equal_python leaves out: no lane to spare (a
+    loop fork's no-spare pool runs in test_overflow_and_step_limits_flag_only_their_examples),
+    and the default pool under jit."""
+    _, first, nxt, roots = random_forest(0, 24, 20, 5)
+    w = jnp.float32(0.7)
+    expected = sibling_walk.reference(w, first, nxt, roots)
+    np.testing.assert_allclose(sibling_walk.with_options(max_lanes=len(roots))(w, first, nxt, roots), expected,
+                               rtol=1e-6)
     np.testing.assert_allclose(jax.jit(sibling_walk)(w, first, nxt, roots), expected, rtol=1e-6)
 
 
+# test_overflow_and_step_limits_flag_only_their_examples's forest: one compiled default pool.
+OVERFLOW_FOREST = (8, 12, 16, 3)
+
+
 def test_range_loop_forks_and_takes_fewer_steps():
-    children, _, _, roots = random_forest(2, 16, 24, 6)
+    children, _, _, roots = random_forest(*OVERFLOW_FOREST)
     expected = range_walk.reference(children, roots)
     assert launches(range_walk, children, roots)
     out, status = range_walk.checked(children, roots)
@@ -166,10 +183,13 @@ def test_x64_loop_fork():
     with jax.enable_x64(True):
         children, _, _, roots = random_forest(5, 8, 12, 3)
         children, roots = jnp.asarray(children, jnp.int64), jnp.asarray(roots, jnp.int64)
-        f = range_walk.with_options()  # a fresh cache: x64 changes every type
+        # A fresh cache (x64 changes every type); a pool with 2 spare lanes: launches, and
+        # lanes that find none free (one machine to compile: the default pool launches alike).
+        f = range_walk.with_options(max_lanes=len(roots) + 2)
         expected = f.reference(children, roots)
-        np.testing.assert_allclose(f(children, roots), expected, rtol=1e-6)
-        np.testing.assert_allclose(f.with_options(max_lanes=len(roots) + 2)(children, roots), expected, rtol=1e-6)
+        out, status = f.checked(children, roots)
+        np.testing.assert_allclose(out, expected, rtol=1e-6)
+        assert int(status.peak_lanes) == len(roots) + 2 and status.steps.dtype == jnp.int64
 
 
 def test_gradient_through_a_loop_fork_equals_python():
@@ -183,23 +203,29 @@ def test_gradient_through_a_loop_fork_equals_python():
     np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
-def test_schedules_and_a_learned_policy_run_loop_forks():
+# Each schedule compiles a pool: `make test` runs depth and the learned policy on loop
+# forks (agenda on fork-join programs: tests/fsm/test_program_schedules.py), `make test-matrix` agenda.
+@pytest.mark.parametrize("schedules", [pytest.param(("depth", "policy"), id="depth+policy"),
+                                       pytest.param(("agenda",), id="agenda", marks=pytest.mark.matrix)])
+def test_schedules_and_a_learned_policy_run_loop_forks(schedules):
     """The reference trace the FSM learns from follows launches; every schedule gives the same results."""
     import pcbatch.fsm as fsm
 
     children, _, _, roots = random_forest(7, 8, 12, 4)
     expected = range_walk.reference(children, roots)
-    graph = fsm.record(range_walk, children, roots)
-    assert graph.num_nodes > 0
-    policy = fsm.learn(range_walk, children, roots, trials=20)
-    for schedule in ("depth", "agenda", policy):
+    if "policy" in schedules:
+        graph = fsm.record(range_walk, children, roots)
+        assert graph.num_nodes > 0
+        policy = fsm.learn(range_walk, children, roots, trials=20)
+    for schedule in schedules:
+        schedule = policy if schedule == "policy" else schedule
         np.testing.assert_allclose(range_walk.with_schedule(schedule)(children, roots), expected, rtol=1e-6)
 
 
 def test_overflow_and_step_limits_flag_only_their_examples():
     """Without spare lanes the calls run in the caller's lane and may overflow its stacks:
     those examples are flagged, the others exact; the same under a step bound."""
-    children, _, _, roots = random_forest(8, 12, 16, 3)
+    children, _, _, roots = random_forest(*OVERFLOW_FOREST)
     expected = np.asarray(range_walk.reference(children, roots))
     _, full = range_walk.checked(children, roots)
     for options in (dict(max_lanes=len(roots), max_stack_depth=3), dict(max_steps=int(full.steps) // 2)):
