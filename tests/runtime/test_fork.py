@@ -16,9 +16,9 @@ Covered:
   * programs: two- and three-way forks, argument code between the calls,
     dependent calls (no fork), mutual recursion, forks in a while loop, a callee
     other than the caller, pytree results, a shared (`in_axes=None`) argument,
-    int and float results, a fork next to a self tail call; most also inside
-    `jax.jit`, under a pool too small for all forks (forks and sequential
-    fallback mix);
+    int and float results, a fork next to a self tail call; under a pool too
+    small for all forks (forks and sequential fallback mix); some also inside
+    `jax.jit` and against fork=False (all of them under `make test-matrix`);
   * stack overflow under forks: raised (never garbage) when lanes run out, and
     a correct result when the lanes make the recursion shallow;
   * `Status`: `blocks_run` against `trace`, `overflow`, `peak_lanes`;
@@ -101,9 +101,10 @@ def forked(fn: pcbatch.api.Autobatched) -> pcbatch.api.Autobatched:
     return fn if fn.fork is True else variant(fn, fork=True)
 
 
-def differential(fn, *args, ref=None, jit: bool = False):
-    """`fn` (forks) == `.reference` == `fork=False` (and, with `jit`, == `fn`
-    called inside `jax.jit`). Returns (result, status, status under fork=False)."""
+def differential(fn, *args, ref=None, jit: bool = False, fork_false: bool = True):
+    """`fn` (forks) == `.reference` == `fork=False` (without `fork_false`, not
+    compared with fork=False; with `jit`, also == `fn` called inside `jax.jit`).
+    Returns (result, status, status under fork=False or None)."""
     fn = forked(fn)
     out, status = fn.checked(*args)
     batch = np.shape(tree_leaves(out)[0])[0]
@@ -111,10 +112,12 @@ def differential(fn, *args, ref=None, jit: bool = False):
     assert np.asarray(status.blocks_run).shape == (batch,)
     assert batch <= int(status.peak_lanes) <= fn.lowered(*args).lanes   # never more lanes than the pool
     assert_same(out, fn.reference(*args) if ref is None else ref, "fork vs reference")
-    plain_out, plain_status = plain(fn).checked(*args)
-    assert_ok(plain_status, batch)
-    assert int(plain_status.peak_lanes) == batch       # one lane per example
-    assert_same(out, plain_out, "fork vs fork=False")
+    plain_status = None
+    if fork_false:
+        plain_out, plain_status = plain(fn).checked(*args)
+        assert_ok(plain_status, batch)
+        assert int(plain_status.peak_lanes) == batch       # one lane per example
+        assert_same(out, plain_out, "fork vs fork=False")
     if jit:
         assert_same(jax.jit(lambda *a: fn(*a))(*args), out, "jit vs eager")
     return out, status, plain_status
@@ -202,11 +205,22 @@ def test_nary_batch1():
 
 
 def test_nary_batch64():
-    fn = nary.nary_tree_lstm
+    """The whole batch against fork=False, the (slow, per-example) reference on every
+    8th example (every shape among them), as test_nary_batch256."""
+    fn = forked(nary.nary_tree_lstm)
+    params = params_of("nary")
     trees = random_trees(64, seed=5)
-    _, status, seq = differential(fn, params_of("nary"), trees, trees.root)
-    assert int(status.peak_lanes) > 64
-    assert int(status.steps) < int(seq.steps)
+    out, status = fn.checked(params, trees, trees.root)
+    assert_ok(status, 64)
+    assert np.asarray(status.blocks_run).shape == (64,)
+    assert 64 < int(status.peak_lanes) <= fn.lowered(params, trees, trees.root).lanes
+    seq_out, seq_status = plain(fn).checked(params, trees, trees.root)
+    assert_ok(seq_status, 64)
+    assert int(seq_status.peak_lanes) == 64
+    assert_same(out, seq_out, "fork vs fork=False")
+    assert int(status.steps) < int(seq_status.steps)
+    some = data.Tree(*(a[::8] for a in trees))
+    assert_same(jax.tree_util.tree_map(lambda a: a[::8], out), fn.reference(params, some, some.root))
 
 
 def test_nary_batch256():
@@ -425,16 +439,29 @@ PROGRAM_POOL = dict(max_lanes=96, lane_width=32)
 
 
 # Also inside `jax.jit` (another compiled pool: about 2-5 s each on CI's two
-# cores); the programs the other tests here compile the most are left out.
-UNDER_JIT = {"fib", "dependent_call", "mutual_recursion", "shared_arg", "entry_param_args"}
+# cores): the programs whose arguments a trace changes (a shared one, entry
+# parameters forked from). Against fork=False (another compile each): the
+# simplest fork, a three-way one, mutual recursion and other callees.
+# `make test-matrix` runs every program both ways (test_program_every_cell).
+UNDER_JIT = {"shared_arg", "entry_param_args"}
+AGAINST_FORK_FALSE = {"fib", "trib_three_way", "mutual_recursion", "other_callees_and_tail_call"}
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_program(name):
     fn, args, forks = PROGRAMS[name]
     assert len(fork_lines(fn)) == forks, str(fn.ir())
-    _, status, _ = differential(variant(fn, **PROGRAM_POOL), *args, jit=name in UNDER_JIT)
+    _, status, _ = differential(variant(fn, **PROGRAM_POOL), *args, jit=name in UNDER_JIT,
+                                fork_false=name in AGAINST_FORK_FALSE)
     assert int(status.peak_lanes) > 7
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_program_every_cell(name):
+    """test_program's cells, each program against fork=False and under jit."""
+    fn, args, _ = PROGRAMS[name]
+    differential(variant(fn, **PROGRAM_POOL), *args, jit=True)
 
 
 def test_fork_groups():
@@ -455,8 +482,12 @@ def test_fork_groups():
     # only dependent calls: no fork at all ("fork [", as this file's name is in the IR's comments)
     assert "fork [" not in str(chained.ir())
     assert "fork [" in str(dependent.ir())
+    # Nothing forks, so fork=True lowers to the plain machine (fork=False's: not compiled again).
     n = np.array([0, 1, 2, 5, 9, 3, 7], np.int32)
-    _, status, _ = differential(chained, n)
+    assert not chained.lowered(n).has_forks
+    out, status = chained.checked(n)
+    assert_ok(status, 7)
+    assert_same(out, chained.reference(n))
     assert int(status.peak_lanes) == 7
 
 
@@ -594,7 +625,7 @@ def pooled_trees(draw):
     return data.batch(trees), max_lanes, lane_width
 
 
-@settings(max_examples=3)
+@settings(max_examples=2)  # each example compiles a pool (test_lane_exhaustion_results_exact: fixed small ones)
 @given(pooled_trees())
 def test_hypothesis_nary_random_pools(case):
     trees, max_lanes, lane_width = case
