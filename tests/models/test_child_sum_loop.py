@@ -48,13 +48,22 @@ def test_trees_have_variable_arity(setup):
     assert arity.max() > 2 and set(np.unique(arity)) >= {0, 1, 2, 3}
 
 
-@pytest.mark.parametrize("fork", [False, True])
-def test_autobatched_equals_per_tree_python(setup, fork):
+@pytest.fixture(scope="module")
+def runs(setup):
+    """Each fork mode's `checked` run, and the per-tree Python's result (the same for both),
+    computed once: the tests below check different things about the same runs."""
     params, trees = setup
-    fn = child_sum_loop.child_sum_tree_lstm_loop.with_options(fork=fork)
-    (h, c), status = fn.checked(params, trees, trees.root)
+    fn = child_sum_loop.child_sum_tree_lstm_loop
+    checked = {fork: fn.with_options(fork=fork).checked(params, trees, trees.root) for fork in (False, True)}
+    return checked, fn.reference(params, trees, trees.root)
+
+
+@pytest.mark.parametrize("fork", [False, True])
+def test_autobatched_equals_per_tree_python(setup, runs, fork):
+    params, trees = setup
+    checked, (ref_h, ref_c) = runs
+    (h, c), status = checked[fork]
     assert not np.asarray(status.overflow).any() and not np.asarray(status.unfinished).any()
-    ref_h, ref_c = fn.reference(params, trees, trees.root)
     np.testing.assert_allclose(np.asarray(h), np.asarray(ref_h), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(c), np.asarray(ref_c), rtol=1e-5, atol=1e-6)
     for b in range(len(trees.root)):
@@ -64,13 +73,12 @@ def test_autobatched_equals_per_tree_python(setup, fork):
         np.testing.assert_allclose(np.asarray(c[b]), want_c, rtol=1e-4, atol=1e-5)
 
 
-def test_loop_forks(setup):
+def test_loop_forks(setup, runs):
     """The loop's calls run in lanes of their own: more lanes than trees, fewer steps than
     one lane per tree, and the IR says why."""
-    params, trees = setup
-    fn = child_sum_loop.child_sum_tree_lstm_loop.with_options(fork=True)
-    assert any("loop fork" in n for n in fn.ir().notes)
-    _, status = fn.checked(params, trees, trees.root)
-    _, one_lane = fn.with_options(fork=False).checked(params, trees, trees.root)
+    _, trees = setup
+    checked, _ = runs
+    assert any("loop fork" in n for n in child_sum_loop.child_sum_tree_lstm_loop.with_options(fork=True).ir().notes)
+    status, one_lane = checked[True][1], checked[False][1]
     assert int(status.peak_lanes) > len(trees.root)
     assert int(status.steps) < int(one_lane.steps)
