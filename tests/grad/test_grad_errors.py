@@ -48,29 +48,46 @@ def test_junk_in_padding_rows_gives_no_nan():
     check_vjp(junk_fork, (jnp.asarray([0.5, 2.0, 1.5]), jnp.asarray([3, 0, 2])), positions=(0,))
 
 
+def reverse_mode_jacobian(f, x, n):
+    """The machine's Jacobian by reverse mode, checked against the per-example Python's."""
+    if f is junk:   # jax.jacrev: a vmap over the backward
+        jac = jax.jacrev(lambda x: f(x, n))(x)
+    else:           # the pool's reverse mode row by row: the backward check_vjp compiled for these shapes
+        _, pull = jax.vjp(lambda x: f(x, n), x)
+        jac = jnp.stack([pull(row)[0] for row in jnp.eye(len(x))])
+    assert_close(jac, jax.jacrev(lambda x: f.reference(x, n))(x))
+    return jac
+
+
 @pytest.mark.parametrize("f", [junk, junk_fork], ids=["plain", "fork"])
 def test_forward_mode_equals_reverse_mode(f):
-    """jax.jvp / jax.jacfwd differentiate the machine itself (JAX's forward
-    mode of a while loop), eagerly and under jit."""
+    """jax.jvp differentiates the machine itself (JAX's forward mode of a while
+    loop), eagerly (inside jit: test_forward_mode_through_jit)."""
     x, n = jnp.asarray([1.0, 4.0, 0.5]), jnp.asarray([1, 0, 2])
-    jac = jax.jacrev(lambda x: f(x, n))(x)
+    jac = reverse_mode_jacobian(f, x, n)
     t = jnp.asarray([1.0, -2.0, 0.5])
     y, dy = jax.jvp(lambda x: f(x, n), (x,), (t,))
-    assert_close(y, f(x, n))
+    assert_close(y, f.reference(x, n))
     assert_close(dy, jac @ t)
-    assert_close(jax.jacfwd(lambda x: f(x, n))(x), jac)
-    _, dy_jit = jax.jit(lambda x, t: jax.jvp(lambda x: f(x, n), (x,), (t,)))(x, t)
-    assert_close(dy_jit, jac @ t)
     if f is junk:  # the per-example derivative by hand
         expected = np.where(np.asarray(n) > 0, 0.5 / np.sqrt(x) - 1.0 / x ** 2 + 1.0 / x, 2.0)
         assert_close(jnp.diag(jac), expected)
+
+
+# Each cell compiles the machine's forward mode under vmap: the pool's in make test-matrix.
+@pytest.mark.parametrize("f", [junk, pytest.param(junk_fork, marks=pytest.mark.matrix)], ids=["plain", "fork"])
+def test_jacfwd_equals_reverse_mode(f):
+    """jax.jacfwd: JAX's forward mode of the machine, vmapped over the tangents."""
+    x, n = jnp.asarray([1.0, 4.0, 0.5]), jnp.asarray([1, 0, 2])
+    assert_close(jax.jacfwd(lambda x: f(x, n))(x), reverse_mode_jacobian(f, x, n))
 
 
 @pytest.mark.parametrize("f", [junk, pytest.param(junk_fork, marks=pytest.mark.matrix)], ids=["plain", "fork"])
 def test_forward_mode_through_jit(f):
     """jax.jvp, jax.linearize and jax.jacfwd of a jit-compiled function that
     calls an autobatched one (pcbatch cannot see the differentiation coming:
-    the machine's custom_jvp evaluates its linear map forwards)."""
+    the machine's custom_jvp evaluates its linear map forwards), and jax.jvp
+    inside jit."""
     x, n = jnp.asarray([1.0, 4.0, 0.5]), jnp.asarray([1, 0, 2])
     t = jnp.asarray([1.0, -2.0, 0.5])
     g = jax.jit(lambda x: f(x, n))
@@ -78,6 +95,8 @@ def test_forward_mode_through_jit(f):
     y, dy = jax.jvp(g, (x,), (t,))
     assert_close(y, want_y)
     assert_close(dy, want_dy)
+    _, dy_inside = jax.jit(lambda x, t: jax.jvp(lambda x: f(x, n), (x,), (t,)))(x, t)
+    assert_close(dy_inside, want_dy)
     if f is junk:  # the plain machine only: another compile of the pool's forward mode
         y, lin = jax.linearize(g, x)
         assert_close(lin(t), want_dy)
@@ -126,13 +145,14 @@ def test_failures_inside_differentiated_calls(n, error):
     n = jnp.asarray(n)
     with pytest.raises(error):                             # eager: named errors, at the forward pass
         jax.grad(loss, argnums=(0, 1))(W, X, n)
-    gw, gx = jax.jit(jax.grad(loss, argnums=(0, 1)))(W, X, n)   # jit: NaN, never garbage
+    # jit: NaN, never garbage, and a checkify error (one compile: checkify only adds the error
+    # output; the NaN comes from the same program either way)
+    err, (gw, gx) = checkify.checkify(jax.jit(jax.grad(loss, argnums=(0, 1))))(W, X, n)
     assert np.isnan(gw)
     gx = np.asarray(gx)
     assert np.isnan(gx[1]) and np.all(np.isfinite(gx[[0, 2]]))
     want = jax.grad(lambda x: jnp.sum(deep.reference(W, x[jnp.asarray([0, 2])], n[jnp.asarray([0, 2])]) ** 2))(X)
     assert_close(gx[[0, 2]], np.asarray(want)[[0, 2]])
-    err, _ = checkify.checkify(jax.jit(jax.grad(loss)))(W, X, n)
     with pytest.raises(Exception, match="pcbatch: (recursion deeper|max_steps)"):
         err.throw()
 
@@ -152,9 +172,9 @@ def test_tape_grows_outside_jit_and_is_fixed_when_given():
     f = long_loop.with_options(tape_size=100)
     with pytest.raises(pcbatch.TapeOverflowError, match="tape_size=153"):
         jax.grad(lambda x: jnp.sum(f(x, n)))(x)
-    g = jax.jit(jax.grad(lambda x: jnp.sum(f(x, n))))(x)   # inside jit: NaN and a checkify error
+    # inside jit: NaN and a checkify error (one compile, as in test_failures_inside_differentiated_calls)
+    err, g = checkify.checkify(jax.jit(jax.grad(lambda x: jnp.sum(f(x, n)))))(x)
     assert np.all(np.isnan(np.asarray(g)))
-    err, _ = checkify.checkify(jax.jit(jax.grad(lambda x: jnp.sum(f(x, n)))))(x)
     with pytest.raises(Exception, match="tape overflowed; pass tape_size=153"):
         err.throw()
     # the default size grows outside jit (and keeps the size for later calls, jit included)
