@@ -13,10 +13,11 @@ from __future__ import annotations
 import re
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 import pcbatch
-from grad_helpers import check_vjp
+from grad_helpers import assert_close, check_vjp, random_cotangent
 from pcbatch.ir.core import Join, Pop
 from pcbatch import data
 from pcbatch.models import child_sum, nary
@@ -30,10 +31,6 @@ def args(module):
     return (module.init_params(jax.random.PRNGKey(0), VOCAB, HIDDEN), TREES, TREES.root)
 
 
-def test_nary_tree_lstm_forked_under_jit():
-    check_vjp(nary.nary_tree_lstm.with_options(lane_width=16), args(nary), positions=(0,), jit=True)
-
-
 def test_nary_tree_lstm_one_lane_per_example():
     check_vjp(nary.nary_tree_lstm.with_options(fork=False), args(nary), positions=(0,))
 
@@ -43,26 +40,38 @@ def test_child_sum_calls_inside_if():
     check_vjp(child_sum.child_sum_tree_lstm, args(child_sum), positions=(0,))
 
 
-@pytest.mark.parametrize("fork", [True, False])
-def test_one_switch_a_step(fork):
+# fork x grad_switch: make test runs fork=False with conditionals (above) and the lane pool with both
+# (inside jit, below); this cell in make test-matrix.
+@pytest.mark.matrix
+def test_one_switch_a_step_one_lane_per_example():
     """`Tuning(grad_switch=True)` (accelerators' default): the recorder and the
-    backward pick a step's block with one `lax.switch`, not a `lax.cond` each."""
-    f = nary.nary_tree_lstm.with_options(fork=fork, lane_width=16, tuning=pcbatch.Tuning(grad_switch=True))
+    backward pick a step's block with one `lax.switch`, not a `lax.cond` each;
+    one lane per example here, on the lane pool (inside jit) below."""
+    f = nary.nary_tree_lstm.with_options(fork=False, lane_width=16, tuning=pcbatch.Tuning(grad_switch=True))
     check_vjp(f, args(nary), positions=(0,), seed=5)
 
 
-def test_one_switch_a_step_leaves_one_conditional_and_no_register_copies():
-    """The recorder's per-block conditionals go (its writes are masked) and the
+def test_nary_tree_lstm_forked_under_jit_one_switch_a_step_no_register_copies():
+    """The forked Tree-LSTM's gradient inside jit equals the per-example
+    Python's, with the gradient pass picking a step's block by a `lax.cond`
+    each (the CPU's default) and by one `lax.switch` (`grad_switch=True`).
+
+    The recorder's per-block conditionals go (its writes are masked) and the
     backward's become one switch: of the gradient pass's 2 x (recorded blocks)
     conditionals, one stays. Either way, under a plain `jax.jit` (no region
     analysis in XLA's copy insertion) no step copies a pool-sized register:
-    the backward's scatters run outside its conditionals (10 copies before)."""
+    the backward's scatters run outside its conditionals (10 copies before).
+    Each program is compiled once, for its HLO and its values."""
     params, trees, root = args(nary)
+    h_ct, c_ct = random_cotangent((jnp.zeros((len(root), HIDDEN)),) * 2, seed=5)
+    # the random cotangents as a loss: a permuted or mis-summed gradient cannot pass
+    want = jax.grad(lambda p: weighted(nary.nary_tree_lstm.reference(p, trees, root), h_ct, c_ct))(params)
     counts = {}
     for switched in (False, True):
         f = nary.nary_tree_lstm.with_options(lane_width=16, tuning=pcbatch.Tuning(grad_switch=switched))
-        step = jax.jit(jax.grad(lambda p: f(p, trees, root)[0].sum()))
-        hlo = step.lower(params).compile().as_text()
+        step = jax.jit(jax.grad(lambda p: weighted(f(p, trees, root), h_ct, c_ct))).lower(params).compile()
+        assert_close(step(params), want, what=f"grad_switch={switched}")
+        hlo = step.as_text()
         counts[switched] = hlo.count(" conditional(")
         lanes = f.lowered(*args(nary)).lanes
         assert not re.findall(rf"= f32\[{lanes},{HIDDEN}\]\{{1,0\}} copy\(", hlo), switched
@@ -70,7 +79,14 @@ def test_one_switch_a_step_leaves_one_conditional_and_no_register_copies():
     assert counts[False] - counts[True] == 2 * recorded - 1, counts
 
 
-@pytest.mark.parametrize("masked", [False, True])
+def weighted(out, h_ct, c_ct):
+    h, c = out
+    return (h * h_ct).sum() + (c * c_ct).sum()
+
+
+# masked x lane exhaustion: the pool's updates under conditionals (the CPU's default) are in every other
+# forked gradient here; the masked updates only in this test. Its unmasked cell runs in make test-matrix.
+@pytest.mark.parametrize("masked", [pytest.param(False, marks=pytest.mark.matrix), True])
 def test_lane_exhaustion(masked):
     """A pool of 8 lanes for 5 trees: a few forks get lanes, the others run
     their calls sequentially on the pool's stacks, within one run; the pool's
