@@ -128,8 +128,8 @@ def test_keywords_and_defaults():
 
 
 def test_integer_inputs_get_float0_and_value_and_grad():
-    case = CASES_BY_NAME["power"]
-    x, n, acc = case.args(case.batch(4)) + (np.ones(4, np.float32),)
+    case = CASES_BY_NAME["power"]   # the batch size of test_corpus_float_programs: value_and_grad reuses its machine
+    x, n, acc = case.args(case.batch(6)) + (np.ones(6, np.float32),)
     out, pull = jax.vjp(case.fn, x, n, acc)
     cx, cn, cacc = pull(jnp.ones_like(out))
     assert cn.dtype == jax.dtypes.float0 and cn.shape == n.shape
@@ -167,14 +167,16 @@ def test_jit_grad_and_optax_step():
 
 def test_check_grads_numerically():
     """Finite differences (jax.test_util.check_grads, reverse mode) on a
-    recursive and a looping program; float32, so loose tolerances."""
+    recursive and a looping program; float32, so loose tolerances. The shapes
+    of test_corpus_float_programs and test_loops_inside_recursion: their
+    gradient machines are reused."""
     case = CASES_BY_NAME["newton"]
-    x, iters = case.args(case.batch(4))
+    x, iters = case.args(case.batch(6))
     x = x + 0.5   # away from the kink of maximum(x, 1)
     check_grads(partial_args(case.fn, (x, iters), (0,)), (x,), order=1, modes=["rev"], eps=1e-2, atol=5e-2,
                 rtol=5e-2)
-    x = jnp.asarray([[0.5, 1.0], [2.0, -1.0]])
-    n = jnp.asarray([2, 3])
+    x = jnp.asarray([[0.5, 1.0], [2.0, -1.0], [0.1, 0.2], [-0.3, 0.4]])
+    n = jnp.asarray([2, 3, 0, 1])
     check_grads(partial_args(loop_rec, (PARAMS, x, n), (0, 1)), (jax.tree_util.tree_map(jnp.asarray, PARAMS), x),
                 order=1, modes=["rev"], eps=1e-2, atol=5e-2, rtol=5e-2)
 
