@@ -1,7 +1,7 @@
 """Random-program differential test: autobatched result == per-example Python.
 
-`test_fuzz_programs` runs `PCBATCH_FUZZ_EXAMPLES` programs (default 44, in 4
-tests of 11, under the default `fork="auto"`) in `make test`, `test_fuzz_forked.py` 28 with
+`test_fuzz_programs` runs `PCBATCH_FUZZ_EXAMPLES` programs (default 8, in 4
+tests of 2, under the default `fork="auto"`) in `make test`, `test_fuzz_forked.py` 8 with
 `fork=True`; `test_fuzz_long` (marked slow, both fork settings) runs `PCBATCH_FUZZ_EXAMPLES`
 (default 10,000) under `make fuzz`.  `PCBATCH_FUZZ_SEED=<int>` replaces the
 derandomized default sequence of programs with another one.
@@ -253,11 +253,13 @@ CHUNKS = 4  # make test's programs in 4 tests of a fixed sequence each (each wel
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_fuzz_programs(chunk):
-    """`make test`: 4 x 4 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` in
-    all) under the default `fork="auto"`; `test_fuzz_forked.py` runs 12
+    """`make test`: 4 x 2 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` in
+    all) under the default `fork="auto"`; `test_fuzz_forked.py` runs 8
     with `fork=True` (two files: xdist runs them side by side; `make test` must
-    stay under CI's 8 minutes; `make fuzz` runs thousands)."""
-    n = -(-_examples(16) // CHUNKS)
+    stay under CI's 8 minutes, 4 x 4 took a minute of CPU; `make fuzz` runs thousands).
+    Each sequence starts with hypothesis' simplest program (an empty batch), then one
+    random program."""
+    n = -(-_examples(8) // CHUNKS)
     ran = _run(n, SMALL, forks=("auto",), chunk=chunk)
     print(f"fuzz: {ran} programs ({RAISING[0]} so far where Python raises for some example)", file=sys.stderr)
     assert ran >= n, f"only {ran} of {n} generated programs ran"
