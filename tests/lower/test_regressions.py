@@ -9,6 +9,15 @@ import pytest
 import pcbatch
 
 
+def cells(fns, forks, keep):
+    """`fns` x `forks` as parameters; the (fn, fork) cells not in `keep` are marked
+    `matrix` (each compiles a machine or more). `keep` holds every fn once or more, and
+    every fork but "auto" (`make test-matrix` only: the default picks one of the two)."""
+    assert {f for f, _ in keep} == set(fns) and {k for _, k in keep} == set(forks) - {"auto"}
+    return [pytest.param(fn, fork, marks=() if (fn, fork) in keep else (pytest.mark.matrix,),
+                         id=f"{fn.__name__}-{fork}") for fn in fns for fork in forks]
+
+
 @pcbatch.autobatch
 def dynamic_step(n, s):
     acc = 0
@@ -219,9 +228,10 @@ def kept_past_a_branch_call(d, x):
     return s, s + 1
 
 
-@pytest.mark.parametrize("fork", [True, False])
-@pytest.mark.parametrize("fn", [first_result_kept_across_second_call, unpacked_then_returned_whole,
-                                kept_past_a_branch_call])
+@pytest.mark.parametrize("fn, fork", cells(
+    [first_result_kept_across_second_call, unpacked_then_returned_whole, kept_past_a_branch_call], [True, False],
+    keep=[(first_result_kept_across_second_call, True), (unpacked_then_returned_whole, False),
+          (kept_past_a_branch_call, True)]))
 def test_value_live_across_a_self_call_keeps_its_own_slot(fn, fork):
     f = fn.with_options(fork=fork)
     d, x = jnp.array([0, 1, 2, 3, 4, 5]), jnp.array([3, -2, 7, 1, 0, 5])
@@ -295,10 +305,13 @@ def loop_of_calls(n):
     return s
 
 
-@pytest.mark.parametrize("fork", [False, True, pytest.param("auto", marks=pytest.mark.matrix)])
-@pytest.mark.parametrize("fn, xs", [(count_down, [0, 1, 2, 3, 5]), (loop_of_calls, [0, 1, 2, 3, 6]),
-                                    (halve_and_add, [0.5, 1.5, 3.0, 7.0])])
-def test_local_passed_to_a_self_call_and_read_after_it(fn, xs, fork):
+_SELF_CALL_INPUTS = {count_down: [0, 1, 2, 3, 5], loop_of_calls: [0, 1, 2, 3, 6], halve_and_add: [0.5, 1.5, 3.0, 7.0]}
+
+
+@pytest.mark.parametrize("fn, fork", cells([count_down, loop_of_calls, halve_and_add], [False, True, "auto"],
+                                           keep=[(count_down, False), (loop_of_calls, True), (halve_and_add, False)]))
+def test_local_passed_to_a_self_call_and_read_after_it(fn, fork):
+    xs = _SELF_CALL_INPUTS[fn]
     f = pcbatch.autobatch(fn, fork=fork)
     x = jnp.asarray(xs)
     np.testing.assert_allclose(np.asarray(f(x)), np.asarray(f.reference(x)))
@@ -327,8 +340,10 @@ def later_result_as_argument(d, y):
     return x * 10 + y
 
 
-@pytest.mark.parametrize("fork", [True, False, pytest.param("auto", marks=pytest.mark.matrix)])
-@pytest.mark.parametrize("fn", [own_result_as_argument, later_result_as_argument])
+# The Fork was rejected: fork=True on both, fork=False (no Fork) on one.
+@pytest.mark.parametrize("fn, fork", cells([own_result_as_argument, later_result_as_argument], [True, False, "auto"],
+                                           keep=[(own_result_as_argument, True), (later_result_as_argument, True),
+                                                 (later_result_as_argument, False)]))
 def test_a_call_reading_the_variable_a_sibling_call_assigns(fn, fork):
     f = pcbatch.autobatch(fn, fork=fork)
     d, v = jnp.asarray([0, 1, 2, 3, 5]), jnp.asarray([5, 1, 2, 0, 7])
@@ -367,8 +382,12 @@ def call_then_update_argument(n, y):
     return a + b * y
 
 
-@pytest.mark.parametrize("fork", [True, False, pytest.param("auto", marks=pytest.mark.matrix)])
-@pytest.mark.parametrize("fn", [read_then_call_overwrites, call_read_then_overwrite, call_then_update_argument])
+# Regrouping around Forks: fork=True on all three, fork=False on one.
+@pytest.mark.parametrize("fn, fork", cells([read_then_call_overwrites, call_read_then_overwrite,
+                                            call_then_update_argument], [True, False, "auto"],
+                                           keep=[(read_then_call_overwrites, True), (call_read_then_overwrite, True),
+                                                 (call_then_update_argument, True),
+                                                 (read_then_call_overwrites, False)]))
 def test_regrouped_calls_keep_write_after_read_order(fn, fork):
     f = pcbatch.autobatch(fn, fork=fork)
     n, x = jnp.asarray([1, 1, 2, 0]), jnp.asarray([1.0, 2.0, 3.0, 4.0])
