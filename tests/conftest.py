@@ -58,8 +58,9 @@ def _free_compiled_programs():
     worker that keeps thousands of them reaches the kernel's vm.max_map_count
     (65530) and segfaults (one test file adds up to ~15,000). Keeping them
     until then spares the next files compiling the same small programs again
-    (~10% of their time)."""
+    (~10% of their time), and each clear costs a worker 10-12 s. A whole
+    `make test` peaked at ~36,700 in one worker (stop 48): no clear at all."""
     yield
     regions = _mapped_regions()
-    if regions is None or regions > 30_000:
+    if regions is None or regions > 45_000:
         jax.clear_caches()
