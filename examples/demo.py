@@ -75,7 +75,7 @@ def main(verbose=False):
           f"one piece of fib (the code between two calls) for every example ready for it, {work / steps:.1f} "
           f"of {batch}\non average. fib(n - 1) and fib(n - 2) do not need each other, so fork=True runs them\n"
           f"side by side ({int(forked.steps)} steps, up to {int(forked.peak_lanes)} calls at once). The default "
-          f"{'forked' if choice.fork else 'did not fork'}:\n{why}.")
+          f"{'forked' if choice.fork else 'did not fork'}:\n{textwrap.fill(why + '.', 92)}")
 
     if verbose:
         print("\nThe blocks of fib (pcbatch's intermediate form):\n")

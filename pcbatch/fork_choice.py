@@ -82,8 +82,8 @@ def choose_fork(prog: StackProgram, batch: int, lanes: int, pool_bytes: int, tra
     if not prog.has_forks:
         return ForkChoice(False, "the program has no independent calls to fork")
     if not walks_data(prog):
-        return ForkChoice(False, "the forked calls only count (their arguments are not read from each example's "
-                                 "data, as in fib): such recursions ran 1.2-25x faster without forking")
+        return ForkChoice(False, "the forked calls read none of each example's data, only numbers they pass on, "
+                                 "as in fib: such recursions ran 1.2-25x faster without forking")
     if batch < tuning.fork_min_batch:
         return ForkChoice(False, f"the batch is small ({batch} < fork_min_batch={tuning.fork_min_batch}): too "
                                  f"little to share between a step's lanes")

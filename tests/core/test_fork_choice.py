@@ -77,7 +77,7 @@ def assert_agree(want, *calls):
 def test_counting_recursion_does_not_fork():
     n = jnp.arange(9)
     c = chosen(fib, (n,))
-    assert c.fork is False and "not read from each example's data" in c.reason
+    assert c.fork is False and "read none of each example's data" in c.reason
     assert not fib.executable(n)[0].prog.has_forks
     forked = fib.with_options(fork=True)
     assert forked.executable(n)[0].prog.has_forks
