@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-from jax.extend import core as jex
 
 from pcbatch.errors import Loc, UnsupportedSyntaxError
+from pcbatch.ir.jaxtypes import all_eqns
 
 KEY_JOIN_HINT = ("a typed PRNG key (jax.random.key) joins only with a key of the same implementation: "
                  "keep keys and other values in separate variables.")
@@ -37,7 +37,7 @@ def check_batchable_ops(jaxpr: Any, text: str, loc: Loc | None) -> None:
     implementation, or calls `lax.rng_bit_generator`: a key made and used within one
     line (`jax.random.key(n, impl="rbg")`, or `jax.random.PRNGKey(n)` under
     `jax_default_prng_impl="rbg"`) has no variable for `check_batchable` to see."""
-    for eqn in jaxpr.eqns:
+    for eqn in all_eqns(jaxpr):
         if eqn.primitive.name == "rng_bit_generator":
             name = "rng_bit_generator"
         else:
@@ -47,8 +47,6 @@ def check_batchable_ops(jaxpr: Any, text: str, loc: Loc | None) -> None:
         if name is not None:
             raise UnsupportedSyntaxError(
                 f"`{text}` draws random numbers with {_what(name)}: {_WHY}", loc or Loc("<unknown>", 0), _HINT)
-        for sub in jex.jaxprs_in_params(eqn.params):
-            check_batchable_ops(sub, text, loc)
 
 
 def _what(name: str) -> str:

@@ -12,7 +12,8 @@ from pcbatch.lower.coalesce import coalesce_copies
 from pcbatch.lower.constants import find_constants, find_invariants, qualify
 from pcbatch.lower.liveness import block_successors, call_returns, classify, exit_live, live_out, liveness
 from pcbatch.lower.stacks import call_sites, eliminate_pop_push, insert_saves, share_stacks, stack_conflicts
-from pcbatch.lower.types import infer_types, type_key
+from pcbatch.ir.jaxtypes import type_key
+from pcbatch.lower.types import infer_types
 
 
 def _order_prelude(prelude: list[Prim], consts: dict[str, str], inputs: set[str]) -> tuple[Prim, ...]:

@@ -16,18 +16,12 @@ from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
-from jax.extend import core as jex
 
 from pcbatch.errors import Loc, PcbatchError, TypeJoinWarning, TypeMismatchError, UnsupportedSyntaxError
 from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
+from pcbatch.ir.jaxtypes import all_eqns, type_key
 from pcbatch.ir.keys import KEY_JOIN_HINT, check_batchable, check_batchable_ops, is_key
 from pcbatch.ir.printer import format_type
-
-
-def type_key(t: Any) -> tuple:
-    """A hashable identity of a pytree of types."""
-    leaves, treedef = jax.tree_util.tree_flatten(t)
-    return treedef, tuple((l.shape, l.dtype, getattr(l, "weak_type", False)) for l in leaves)
 
 
 def _mismatch(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None,
@@ -189,18 +183,11 @@ def infer_types(prog: StackProgram, input_types: dict[str, Any]) -> dict[str, An
     return types
 
 
-def _primitives(jaxpr: Any) -> list[str]:
-    """The primitives `jaxpr` applies (any depth, in order), conversions left out."""
-    return [name for eqn in jaxpr.eqns for name in
-            ([] if eqn.primitive.name == "convert_element_type" else [eqn.primitive.name])
-            + [n for sub in jex.jaxprs_in_params(eqn.params) for n in _primitives(sub)]]
-
-
 def _nots(jaxpr: Any, of_bool: bool) -> int:
     """How many `not`s `jaxpr` (any depth) applies to a bool (`of_bool`) or to a number."""
-    return sum((eqn.primitive.name == "not"
-                and any((getattr(v.aval, "dtype", None) == jnp.bool_) == of_bool for v in eqn.invars))
-               + sum(_nots(sub, of_bool) for sub in jex.jaxprs_in_params(eqn.params)) for eqn in jaxpr.eqns)
+    return sum(eqn.primitive.name == "not"
+               and any((getattr(v.aval, "dtype", None) == jnp.bool_) == of_bool for v in eqn.invars)
+               for eqn in all_eqns(jaxpr))
 
 
 def _computes_otherwise(as_bool: Any, as_number: Any) -> bool:
@@ -209,7 +196,7 @@ def _computes_otherwise(as_bool: Any, as_number: Any) -> bool:
     logical, of an int bitwise; its `a + b` of two bools is `or`. (Other
     differences keep the values: `a * b` of bools is `and`, `jnp.where(v, ...)`
     of a number tests `v != 0`.)"""
-    b, n = Counter(_primitives(as_bool)), Counter(_primitives(as_number))
+    b, n = (Counter(eqn.primitive.name for eqn in all_eqns(j)) for j in (as_bool, as_number))
     added_as_or = b["or"] > n["or"] and n["add"] > b["add"]
     return added_as_or or (_nots(as_bool, True) > 0 and _nots(as_number, False) > 0)
 

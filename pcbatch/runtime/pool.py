@@ -59,6 +59,7 @@ from pcbatch.ir.core import (
     op_writes,
 )
 from pcbatch.ir.flow import lane_successors, return_targets
+from pcbatch.ir.jaxtypes import type_key
 from pcbatch.runtime.block import Codes, Rows, execute
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.state import FreeLanes, LaneColumns, PoolState, Queues
@@ -140,8 +141,7 @@ def _share_out_slots(writers: dict[str, list[int]], types: dict[str, Any]
     taken: list[list[set[int]]] = []  # per kind, per slot: the blocks writing it
     out: dict[str, tuple[int, int]] = {}
     for v in sorted((v for v in writers if writers[v]), key=lambda v: (min(writers[v]), v)):
-        leaves, treedef = jax.tree_util.tree_flatten(types[v])
-        key = (treedef, tuple((tuple(t.shape), t.dtype) for t in leaves))
+        key = type_key(types[v])
         if key not in kinds:
             kinds[key] = len(kind_types)
             kind_types.append(types[v])

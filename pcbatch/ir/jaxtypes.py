@@ -1,0 +1,24 @@
+"""What the passes share about JAX's side of the IR: a variable's type (a
+pytree of `ShapeDtypeStruct`s) as a hashable key, and an op's jaxpr walked
+to any depth."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import jax
+from jax.extend import core as jex
+
+
+def type_key(t: Any) -> tuple:
+    """A hashable identity of a pytree of types."""
+    leaves, treedef = jax.tree_util.tree_flatten(t)
+    return treedef, tuple((l.shape, l.dtype, getattr(l, "weak_type", False)) for l in leaves)
+
+
+def all_eqns(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of `jaxpr` and of the jaxprs in its equations' parameters
+    (`jit`, `cond`, `while`, ...), each before those inside it."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jex.jaxprs_in_params(eqn.params):
+            yield from all_eqns(sub)
