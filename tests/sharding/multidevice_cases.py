@@ -5,7 +5,8 @@ process has already initialized JAX with one device). Not collected on its own
 
 Every sharded result is compared with the same function run unsharded on one
 device (the single-device machine) and, where cheap, with `.reference` (the
-original Python): ints exactly, floats to rtol 1e-6. (NUTS under a mesh: test_multi_process.py.)
+original Python): ints exactly, floats to rtol 1e-6. Cells marked `matrix` run under
+`make test-matrix` (`test_sharding.py` passes its marker expression on).
 """
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def assert_batch_sharded(result, mesh):
 # covered by the padding test, the TreeLSTM and the workspace test). Batch 7:
 # 2 per device, one padding example.
 
-CORPUS = ["fib", "ack", "collatz", "tree_sum", "simulate", "bsearch"]
+# Recursion, a loop, trees and floats in make test; the rest of the corpus in the matrix.
+CORPUS = ["fib", "collatz", "tree_sum"] + [pytest.param(n, marks=pytest.mark.matrix) for n in ("ack", "simulate", "bsearch")]
 
 
 @pytest.mark.parametrize("name", CORPUS)
@@ -247,3 +249,23 @@ def test_nary_tree_lstm():
     prog = fn.lowered(*args)
     assert prog.has_forks and sharded.lowered(*args).lanes == machine_config(prog, 3, fn.options)[0] < prog.lanes
     assert int(status.peak_lanes) > 10                     # the trees forked
+
+
+# --- library code over autobatch, sharded by the context -----------------------
+
+def test_nuts_under_the_sharded_context():
+    """`pcbatch.mcmc.nuts.sample` (built on autobatch) under `pcbatch.sharded`: 8
+    chains, 2 per device, equal to the same chains run unsharded."""
+    from pcbatch.mcmc import nuts
+
+    def logp(x):
+        return -0.5 * jnp.sum(x * x / jnp.array([1.0, 4.0]))
+
+    keys = jax.random.split(jax.random.PRNGKey(1), 8)
+    x0 = jax.random.normal(jax.random.PRNGKey(2), (8, 2))
+    options = dict(step_size=0.5, num_samples=3, max_tree_depth=4)
+    want = nuts.sample(logp, x0, keys, **options)
+    with pcbatch.sharded(MESH4):
+        got = nuts.sample(logp, x0, keys, **options)
+    assert_batch_sharded(got.position, MESH4)
+    assert_same(got, want, rtol=1e-5, atol=1e-5)

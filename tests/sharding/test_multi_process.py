@@ -5,8 +5,8 @@ gloo), two forced host devices each, one global mesh over all four devices
 
 Each pytest test launches this file as its workers (`python
 test_multi_process.py PROCESS_ID NUM_PROCESSES PORT DEVICES`); every worker runs the
-same program; its last check runs `pcbatch.mcmc.nuts.sample` under
-`pcbatch.sharded(global_mesh)` and compares it with the same chains unsharded. Each feeds its local shard of the batch
+same program; its last check runs a function with no mesh of its own under
+`pcbatch.sharded(global_mesh)` (NUTS under the context: `multidevice_cases.py`). Each feeds its local shard of the batch
 (`jax.make_array_from_process_local_data`) or, for a batch the devices do not
 divide, the whole batch as a NumPy array; every result is gathered and compared
 with the per-example Python (`f.reference`) on the whole batch, in every
@@ -29,7 +29,7 @@ PROCESSES, DEVICES_PER_PROCESS = 2, 2
 
 # What a worker checks, in order: the pytest tests assert every name is reported.
 CHECKS = ["local-shards", "numpy-whole-batch-padded", "checked-status", "jit", "shared-argument", "gradient-error",
-          "auto-axis", "no-collectives-in-loop", "overflow-error", "no-mesh-error", "fork-join", "nuts-sharded-context"]
+          "auto-axis", "no-collectives-in-loop", "overflow-error", "no-mesh-error", "fork-join", "sharded-context"]
 
 
 # --- the worker (a fresh process: JAX is configured before first use) -------
@@ -180,25 +180,12 @@ def worker(process_id: int, num_processes: int, port: int, devices: int) -> None
     same(gather(forked(feed(ns))), want)
     ok("fork-join")
 
-    # Library code over autobatch, sharded by the context: 8 chains, 2 per
-    # device, against the same chains run unsharded in this process.
-    from pcbatch.mcmc import nuts
-
-    def logp(x):
-        return -0.5 * jnp.sum(x * x / jnp.array([1.0, 4.0]))
-
-    keys = np.asarray(jax.random.split(jax.random.PRNGKey(1), 8))
-    x0 = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (8, 2)))
-    options = dict(step_size=0.5, num_samples=3, max_tree_depth=4)
-    want = nuts.sample(logp, x0, keys, **options)
+    # A function without a mesh, sharded by the context over every process.
     with pcbatch.sharded(mesh):
-        got = nuts.sample(logp, feed(x0), feed(keys), **options)
-    leaves = jax.tree_util.tree_leaves
-    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-    for g, w in zip(leaves(got), leaves(want)):
-        g = np.asarray(g) if g.is_fully_addressable or g.is_fully_replicated else gather(g)
-        np.testing.assert_allclose(g, np.asarray(w), rtol=1e-5, atol=1e-5)
-    ok("nuts-sharded-context")
+        got = fib_plain(feed(ns))
+    assert got.sharding.spec[0] == "batch" and not got.is_fully_addressable, got.sharding
+    same(gather(got), want)
+    ok("sharded-context")
 
 
 # --- the pytest side -----------------------------------------------------------

@@ -45,11 +45,12 @@ def fib(n):
     return fib(n - 1) + fib(n - 2)
 
 
-def test_on_four_devices_in_a_subprocess():
+@pytest.mark.parametrize("cells", ["not slow and not matrix", pytest.param("matrix", marks=pytest.mark.matrix)])
+def test_on_four_devices_in_a_subprocess(cells):
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"  # the last one wins
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           os.path.join(HERE, "multidevice_cases.py")],
+                           "-m", cells, os.path.join(HERE, "multidevice_cases.py")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-20000:] + proc.stderr[-5000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
