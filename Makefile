@@ -9,7 +9,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 # uv installs the same packages as pip in about a quarter of the time (parallel downloads and
-# unpacking; 51 s against 198 s on a loaded 2-core machine); pip does it where uv cannot be had.
+# unpacking; 18 s against 98 s on a loaded 2-core machine, warm caches); pip does it where uv cannot be had.
 # Neither byte-compiles: compileall uses every core (CI's 2: ~7 s). A file it cannot compile
 # (a package's Python 2 test data) is skipped, as pip skips it.
 $(STAMP): $(BIN)/python pyproject.toml
