@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
 import jax
@@ -162,7 +162,8 @@ class Executable:
     `differentiable` is built on the first differentiated call, from
     `gradient_program()` where given (the program without loop forks, whose
     launches the gradient pass does not replay);
-    `fork_choice`: what `fork="auto"` chose and why (None for fork=True/False)."""
+    `fork_choice`: what `fork="auto"` chose and why (None for fork=True/False);
+    `step_tracers`: `f.trace`'s runs, each compiled once."""
 
     prog: StackProgram
     signature: Signature
@@ -177,6 +178,7 @@ class Executable:
     shallow_misses: int = 0  # shallow runs that overflowed and ran again on full stacks
     differentiable: Differentiable | None = None
     gradient_program: Callable[[], StackProgram] | None = None
+    step_tracers: dict = field(default_factory=dict)  # `f.trace`'s jitted runs, by (steps, per_lane)
 
     @property
     def batch(self) -> int:

@@ -2,7 +2,7 @@
 the program forks; workspaces (the stacks) and step traces."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -54,9 +54,10 @@ def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, conf
     return machine_for(prog, num_lanes, config).run(consts, inv, batched, workspace, active, recorder)
 
 
-def trace_steps(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig,
-                size: int, per_lane: bool = False) -> tuple[Any, Status, StepTrace]:
-    """`run_machine`, also recording its first `size` steps (`StepTrace`)."""
+def step_tracer(prog: StackProgram, num_lanes: int, config: MachineConfig, size: int,
+                per_lane: bool = False) -> Callable[[dict[str, Any]], tuple[Any, Status, StepTrace]]:
+    """`run_machine` that also records its first `size` steps (`StepTrace`), jitted:
+    build it once per program and keep it (each new one compiles again)."""
     machine = machine_for(prog, num_lanes, config)
 
     @jax.jit
@@ -65,5 +66,8 @@ def trace_steps(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, conf
         result, status, _, tape = run_machine(prog, inputs, num_lanes, config, recorder=recorder)
         return result, status, tape
 
-    result, status, tape = run(inputs)
-    return result, status, StepTrace.from_tape(tape, machine.lanes, machine.width)
+    def traced(inputs: dict[str, Any]) -> tuple[Any, Status, StepTrace]:
+        result, status, tape = run(inputs)
+        return result, status, StepTrace.from_tape(tape, machine.lanes, machine.width)
+    return traced
+

@@ -385,6 +385,36 @@ def test_trace_and_tape_info_on_an_empty_batch_and_under_jit():
             jax.jit(lambda x: what(x, jnp.array([1, 2])))(jnp.ones(2))
 
 
+_COMPILES: list[str] = []
+_COUNTING = [False]
+
+
+def _count_compiles(event: str, duration: float, **_: Any) -> None:
+    if _COUNTING[0] and event.startswith("/jax/core/compile/"):   # tracing, lowering or compiling
+        _COMPILES.append(event)
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+
+
+def test_trace_compiles_once_per_signature():
+    """`f.trace` keeps its jitted run: a second trace of the same shapes traces and
+    compiles nothing (each took a full compile before: ~3 s for fib) and records the same steps."""
+    power = pcbatch.autobatch(lambda_free_power, fork=False)
+    x, n = jnp.array([2.0, 3.0, 0.5]), jnp.array([3, 0, 5], jnp.int32)
+    first = power.trace(x, n, steps=64)
+    other_x = jax.block_until_ready(x + 1)
+    _COMPILES.clear()
+    _COUNTING[0] = True
+    try:
+        again = power.trace(other_x, n, steps=64)
+    finally:
+        _COUNTING[0] = False
+    assert _COMPILES == []
+    np.testing.assert_array_equal(again.blocks, first.blocks)
+    assert again.total == first.total > 0
+
+
 def lambda_free_power(x, n):
     return 1.0 if n == 0 else x * lambda_free_power(x, n - 1)
 
