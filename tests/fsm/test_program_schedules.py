@@ -29,8 +29,15 @@ def collatz(n):
 CASES = [(fib, jnp.array([0, 3, 7, 4, 9, 1, 6, 5])), (collatz, jnp.array([1, 6, 27, 7, 2, 3, 9, 12]))]
 
 
-@pytest.mark.parametrize("f,x", CASES, ids=["fib", "collatz"])
-@pytest.mark.parametrize("name", ["earliest", "depth", "agenda"])
+# Each cell compiles a machine: `make test` runs every schedule and both programs (fib under
+# earliest and agenda, collatz under depth), `make test-matrix` the other three cells.
+_NAMED_KEPT = {("fib", "earliest"), ("collatz", "depth"), ("fib", "agenda")}
+
+
+@pytest.mark.parametrize("f,x,name", [
+    pytest.param(f, x, name, id=f"{name}-{f.__name__}",
+                 marks=() if (f.__name__, name) in _NAMED_KEPT else (pytest.mark.matrix,))
+    for name in ("earliest", "depth", "agenda") for f, x in CASES])
 def test_named_schedules_agree_with_python_and_simulation(f, x, name):
     g = f.with_schedule(name)
     result, status = g.checked(x)
@@ -142,6 +149,17 @@ def assert_close(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
+_RECORDED: dict = {}
+
+
+def recorded(f, *args):
+    """`fsm.record(f, *args)`, once per fork-join program in this file (it runs every
+    example in the reference interpreter)."""
+    if id(f) not in _RECORDED:
+        _RECORDED[id(f)] = (f, fsm.record(f, *args))   # f kept: its id stays its own
+    return _RECORDED[id(f)][1]
+
+
 def _fork_cases(tree_case):
     return {"fib": (fib_forked, (jnp.array([0, 3, 6, 4, 5, 1]),)), "tree_lstm": tree_case}
 
@@ -149,15 +167,15 @@ def _fork_cases(tree_case):
 def test_forked_traces_join_children(tree_case):
     f, args = tree_case
     prog = f.lowered(*args)
-    for trace in f.reference_trace(*args):
+    traces = f.reference_trace(*args)
+    for trace in traces:
         assert len(trace.parents) == len(trace.blocks) and trace.parents[0] == ()
         for v, (b, ps) in enumerate(zip(trace.blocks, trace.parents)):
             assert all(p < v for p in ps)
             ops = prog.blocks[b].ops
             if ops and type(ops[0]).__name__ == "Join":  # the Fork, then each child's last block
                 assert len(ps) == 1 + len(ops[0].rets)
-    graph = fsm.record(f, *args)
-    assert graph.num_nodes == sum(len(t.blocks) for t in f.reference_trace(*args))
+    assert recorded(f, *args).num_nodes == sum(len(t.blocks) for t in traces)
 
 
 # Each schedule compiles a pool per program: `make test` runs every schedule on
@@ -171,7 +189,7 @@ _SCHEDULE_ROWS = [("fib", ("earliest", "depth", "fsm"), ()), ("tree_lstm", ("age
                                          for c, n, m in _SCHEDULE_ROWS])
 def test_forked_programs_match_the_dag_simulation(case, names, tree_case):
     f, args = _fork_cases(tree_case)[case]
-    graph = fsm.record(f, *args)
+    graph = recorded(f, *args)
     want = f.reference(*args)
     policy = fsm.learn(f, *args, trials=10, seed=0, progress=False) if "fsm" in names else None  # any policy
     hosts = {"earliest": fsm.Earliest(), "depth": fsm.Depth(), "agenda": fsm.Agenda(),
@@ -190,7 +208,7 @@ def test_forked_programs_match_the_dag_simulation(case, names, tree_case):
 def test_trace_records_each_step_inside_the_loop(tree_case):
     f, args = tree_case
     g = f.with_schedule("agenda")
-    sim = fsm.simulate(fsm.record(f, *args), fsm.Agenda())
+    sim = fsm.simulate(recorded(f, *args), fsm.Agenda())
     trace = g.trace(*args)
     assert trace.total == trace.steps == sim.steps == int(g.checked(*args)[1].steps)
     np.testing.assert_array_equal(trace.blocks, sim.types)
@@ -211,8 +229,11 @@ def test_trace_of_a_narrow_pool_counts_the_lanes_each_step_ran(tree_case):
     assert_close(got, f.reference(*args))
 
 
-# returns_last (the default with forks) on this pool: the test above; `make test-matrix` runs it here too.
-@pytest.mark.parametrize("name", ["depth", "agenda", pytest.param("returns_last", marks=pytest.mark.matrix)])
+# Each schedule compiles this pool's machine again: `make test` runs returns_last (the default
+# with forks) on it in the test above and depth here; agenda runs on the wide pool above (the
+# fork-join tree_lstm row, and its trace); `make test-matrix` runs all three here.
+@pytest.mark.parametrize("name", ["depth", pytest.param("agenda", marks=pytest.mark.matrix),
+                                  pytest.param("returns_last", marks=pytest.mark.matrix)])
 def test_schedules_under_pool_pressure_finish_every_example(name, tree_case):
     f, args = tree_case
     got, status = f.with_options(max_lanes=24, lane_width=4, schedule=name).checked(*args)
@@ -220,8 +241,12 @@ def test_schedules_under_pool_pressure_finish_every_example(name, tree_case):
     assert_close(got, f.reference(*args))
 
 
-@pytest.mark.parametrize("f,x", CASES, ids=["fib", "collatz"])
-def test_per_lane_trace_gives_each_lane_its_blocks(f, x):
+# Each trace compiles a machine of its own: `make test` truncates fib's, `make test-matrix` collatz's too.
+@pytest.mark.parametrize("f,x,truncate", [pytest.param(*CASES[0], True, id="fib"),
+                                          pytest.param(*CASES[1], False, id="collatz"),
+                                          pytest.param(*CASES[1], True, id="collatz-truncated",
+                                                       marks=pytest.mark.matrix)])
+def test_per_lane_trace_gives_each_lane_its_blocks(f, x, truncate):
     trace = f.trace(x, per_lane=True)
     ran = trace.ran()
     np.testing.assert_array_equal(ran.sum(axis=1), trace.lanes)
@@ -230,8 +255,9 @@ def test_per_lane_trace_gives_each_lane_its_blocks(f, x):
         assert trace.blocks[ran[:, lane]].tolist() == chain
     for block in range(f.lowered(x).num_blocks):
         assert trace.runs(block)[:, -1].tolist() == [c.count(block) for c in chains]
-    short = f.trace(x, steps=5)   # a trace kept to its first steps
-    assert short.truncated and short.total == trace.total
-    np.testing.assert_array_equal(short.blocks, trace.blocks[:5])
-    with pytest.raises(ValueError, match="per_lane"):
-        short.ran()
+    if truncate:
+        short = f.trace(x, steps=5)   # a trace kept to its first steps
+        assert short.truncated and short.total == trace.total
+        np.testing.assert_array_equal(short.blocks, trace.blocks[:5])
+        with pytest.raises(ValueError, match="per_lane"):
+            short.ran()
