@@ -173,14 +173,22 @@ def _nuts_args():
     return jnp.array([0, 1, 2, 3, 4]), cur, jnp.full((5,), 0.1), jnp.full((5,), -3.0), jnp.zeros(5, jnp.int32)
 
 
-@pytest.mark.parametrize("fork", [True, False])
-def test_tuple_return_unpacked_before_second_call_is_never_stacked(fork):
-    f = many_steps.with_options(fork=fork)
+@pytest.fixture(scope="module")
+def nuts_case():
+    """The arguments and the per-example Python's result, run once for both fork cells
+    (the reference steps NUTS op by op: it costs more than either machine)."""
     args = _nuts_args()
+    return args, many_steps.reference(*args)
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_tuple_return_unpacked_before_second_call_is_never_stacked(fork, nuts_case):
+    f = many_steps.with_options(fork=fork)
+    args, want = nuts_case
     prog = f.lowered(*args)
     assert "build_tree.<ret>" in prog.vars_of_class("register")
     assert not any(v.endswith(".<ret>") for v in prog.vars_of_class("stacked"))
-    _assert_trees_close(f(*args), f.reference(*args))
+    _assert_trees_close(f(*args), want)
 
 
 def _assert_trees_close(out, ref):
@@ -391,7 +399,11 @@ def call_then_update_argument(n, y):
 def test_regrouped_calls_keep_write_after_read_order(fn, fork):
     f = pcbatch.autobatch(fn, fork=fork)
     n, x = jnp.asarray([1, 1, 2, 0]), jnp.asarray([1.0, 2.0, 3.0, 4.0])
-    np.testing.assert_allclose(np.asarray(f(n, x)), np.asarray(f.reference(n, x)), rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(jax.jit(f)(n, x)), np.asarray(f.reference(n, x)), rtol=1e-6)
+    ref = np.asarray(f.reference(n, x))
+    np.testing.assert_allclose(np.asarray(f(n, x)), ref, rtol=1e-6)
+    # Under jax.jit the machine compiles again: with fork="auto" perhaps another one (a traced
+    # call chooses afresh); with fork=True/False the same program, so one such cell checks it.
+    if fork == "auto" or (fn, fork) == (read_then_call_overwrites, True):
+        np.testing.assert_allclose(np.asarray(jax.jit(f)(n, x)), ref, rtol=1e-6)
     want = jax.grad(lambda v: sum(fn(int(n[i]), v[i]) for i in range(4)))(x)
     np.testing.assert_allclose(np.asarray(jax.grad(lambda v: f(n, v).sum())(x)), np.asarray(want), rtol=1e-5)
