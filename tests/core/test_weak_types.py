@@ -17,13 +17,24 @@ def same(got, want):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
-def check(fn, *args):
+def check(fn, *args, fork, jit):
     want = pcbatch.autobatch(fn).reference(*args)
-    for fork in (False, True):
-        f = pcbatch.autobatch(fn, fork=fork, max_steps=10_000)  # a counter that wraps never ends
-        same(f(*args), want)
-        same(jax.jit(f)(*args), want)
+    f = pcbatch.autobatch(fn, fork=fork, max_steps=10_000)  # a counter that wraps never ends
+    same((jax.jit(f) if jit else f)(*args), want)
     return want
+
+
+# Each machine (fork x eager/jit) compiles the program again: `make test` runs each program
+# on two of the four, one eager and one under jit, alternating which fork each gets (every
+# machine meets half the programs); `make test-matrix` runs the other two.
+MACHINES = [(False, False), (True, True), (True, False), (False, True)]  # (fork, jit)
+
+
+def machines(k: int) -> list:
+    """The four machines for the k-th program: two in `make test`, two `matrix`."""
+    kept = MACHINES[:2] if k % 2 == 0 else MACHINES[2:]
+    return [pytest.param(fork, jit, id=f"fork={fork}-{'jit' if jit else 'eager'}",
+                         marks=() if (fork, jit) in kept else (pytest.mark.matrix,)) for fork, jit in MACHINES]
 
 
 def named_constant(x):
@@ -33,8 +44,9 @@ def named_constant(x):
     return x - k
 
 
-def test_a_named_python_number_stays_weakly_typed():
-    got = check(named_constant, jnp.array([100, 1, -120, 27], jnp.int8))
+@pytest.mark.parametrize("fork, jit", machines(0))
+def test_a_named_python_number_stays_weakly_typed(fork, jit):
+    got = check(named_constant, jnp.array([100, 1, -120, 27], jnp.int8), fork=fork, jit=jit)
     np.testing.assert_array_equal(got, [0, 101, 36, 127])  # 100+100 wraps to -56: 100-100; -120-100 wraps to 36
 
 
@@ -45,8 +57,9 @@ def recursive_sum(x, n):
     return recursive_sum(x, n - 1) + recursive_sum(x + 1, n - 2)
 
 
-def test_a_weak_constant_in_a_forked_recursion():
-    got = check(recursive_sum, jnp.array([50, -7, 100, 20], jnp.int8), jnp.array([3, 1, 4, 0]))
+@pytest.mark.parametrize("fork, jit", machines(1))
+def test_a_weak_constant_in_a_forked_recursion(fork, jit):
+    got = check(recursive_sum, jnp.array([50, -7, 100, 20], jnp.int8), jnp.array([3, 1, 4, 0]), fork=fork, jit=jit)
     assert int(got[2]) == 0 and int(got[3]) == 1
 
 
@@ -77,14 +90,19 @@ def count_up(n):
     return acc
 
 
-@pytest.mark.parametrize("fn, args, expected", [
+RANGE_COUNTERS = [
     (squares, (jnp.array([20, 5, 30], jnp.int8),), [2470, 30, 8555]),
     (countdown, (jnp.array([0, 5, 255], jnp.uint8),), [0, 15, 32640]),
     (doubling, (jnp.array([3, 100, 1], jnp.int8), jnp.array([2, 3, 4])), [13, 36, 27]),
     (count_up, (jnp.array([0, 5, 255], jnp.uint8),), [0, 0, 300]),
-])
-def test_a_range_counter_is_a_python_int(fn, args, expected):
-    got = check(fn, *args)
+]
+
+
+@pytest.mark.parametrize("fn, args, expected, fork, jit", [
+    pytest.param(*case, *m.values, id=f"{case[0].__name__}-{m.id}", marks=m.marks)
+    for k, case in enumerate(RANGE_COUNTERS) for m in machines(k)])
+def test_a_range_counter_is_a_python_int(fn, args, expected, fork, jit):
+    got = check(fn, *args, fork=fork, jit=jit)
     np.testing.assert_array_equal(got, expected)
 
 
