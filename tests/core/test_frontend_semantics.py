@@ -20,6 +20,11 @@ def check(fn, *args, fork):
 
 
 FORKS = pytest.mark.parametrize("fork", [False, True])
+# fork=False in `make test`, fork=True in `make test-matrix` only. Mostly for programs without
+# an autobatched call: nothing forks, and fork=True lowers them to the very program fork=False
+# does (one lane per example), so compiling it again checks nothing more. (`membership` and
+# `kw_boolops` lower otherwise with fork=True: they keep both.)
+FORK_TRUE_IN_MATRIX = pytest.mark.parametrize("fork", [False, pytest.param(True, marks=pytest.mark.matrix)])
 
 
 # --- keyword arguments are flattened like positional ones ---------------------
@@ -59,7 +64,7 @@ def comprehension_boolops(x):
     return a, b, c, d
 
 
-@FORKS
+@FORK_TRUE_IN_MATRIX
 def test_comprehension_boolops_keep_python_semantics(fork):
     check(comprehension_boolops, jnp.array([5, 7, 2, 0]), fork=fork)
 
@@ -86,7 +91,7 @@ def comprehension_shadows(x, y):
     return a, b, c
 
 
-@FORKS
+@FORK_TRUE_IN_MATRIX
 def test_comprehension_iterable_reads_the_enclosing_scope(fork):
     check(comprehension_shadows, jnp.arange(6).reshape(2, 3), jnp.arange(8).reshape(2, 2, 2), fork=fork)
 
@@ -102,7 +107,9 @@ def lambda_defaults(n):
     return g(2) + m(y) + h(jnp.stack([y, n]))
 
 
-@FORKS
+# fork=True forks only inside kw_fib (lambda_defaults calls it once), whose keyword calls
+# test_keyword_arguments_are_flattened[True] runs forked: `make test-matrix` runs it here too.
+@FORK_TRUE_IN_MATRIX
 def test_lambda_defaults_are_read_at_the_definition(fork):
     check(lambda_defaults, jnp.array([1, 2, 3, 6]), fork=fork)
 
@@ -137,7 +144,7 @@ def lambda_free_vars_nested(x):
     return twice(k, k, k) + d[0] + d[1] + g + n
 
 
-@FORKS
+@FORK_TRUE_IN_MATRIX
 @pytest.mark.parametrize("fn, want", [(lambda_free_var_vs_lambda_param, [6.0, 18.0]),
                                       (lambda_free_var_vs_comprehension, [33.0, 63.0]),
                                       (lambda_free_vars_nested, None)])
@@ -200,7 +207,7 @@ def countdown_uint32(n):
 BIG = jnp.array([3_000_000_000, 5, 4_294_967_290], jnp.uint32)
 
 
-@FORKS
+@FORK_TRUE_IN_MATRIX
 @pytest.mark.parametrize("fn, args, dtype", [
     (last_of_range, (BIG, BIG + 5), jnp.uint32),
     (last_of_range_step, (BIG, BIG + 5, jnp.array([1, 2, 3], jnp.uint32)), jnp.uint32),
@@ -312,7 +319,7 @@ def mixed_tuple_assignment(n):
     return i + m
 
 
-@FORKS
+@FORK_TRUE_IN_MATRIX
 def test_a_tuple_assignment_of_a_loop_variable_and_a_fixed_value(fork):
     check(mixed_tuple_assignment, jnp.array([1, 2, 3]), fork=fork)
 
