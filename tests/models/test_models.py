@@ -2,10 +2,14 @@
 i.e. the original Python run one example at a time), plus independent
 cross-checks of the models, and validity tests of the data generators.
 
-Sizes are small (hidden 8, batches <= 8, trees <= 20 leaves except one deep
+Sizes are small (hidden 8, batches <= 7, trees <= 20 leaves except one deep
 chain) so the whole file runs in well under two minutes on two slow cores.
 Tree batches share one padded size (`MAX_NODES`) so that a model compiles once
-for random and stdlib-AST trees alike.
+for random and stdlib-AST trees alike. Batches stay under `Tuning.fork_min_batch`
+(8), so `fork="auto"` runs one lane per example here (a machine compiles in ~1 s,
+its lane pool in 4-9 s): the models' forked machines are checked against this
+same Python in tests/runtime/test_fork.py (every model on random trees of every
+shape and stdlib ASTs, the recursive lattice LSTM) and tests/models/test_child_sum_loop.py.
 """
 from __future__ import annotations
 
@@ -41,16 +45,16 @@ def _params(name: str, seed: int = 0):
 
 
 def assert_matches_reference(fn, *args):
-    """Autobatched == per-example Python, every example finished, no overflow."""
-    out, status = fn.checked(*args)
-    assert not np.asarray(status.overflow).any(), "stack overflow"
-    assert not np.asarray(status.unfinished).any(), "unfinished examples"
+    """Autobatched == per-example Python, every example finished, no overflow. A plain call
+    raises for an overflowed, unfinished or failed example; it is also the cross-checks'
+    call, whose machine (`checked` compiles another, which counts blocks) it shares."""
+    out = fn(*args)
     ref = fn.reference(*args)
     assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(ref)
     for got, want in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
         assert got.shape == want.shape
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
-    return out, status
+    return out
 
 
 def random_tree_batch(count: int, seed: int, min_leaves: int = 1, max_leaves: int = MAX_LEAVES, max_nodes=MAX_NODES):
@@ -58,9 +62,14 @@ def random_tree_batch(count: int, seed: int, min_leaves: int = 1, max_leaves: in
                                                max_nodes=max_nodes, shape=SHAPES, vocab=VOCAB, n_types=2))
 
 
+# The batch of the differential tests, one below fork_min_batch (see the docstring); the
+# cross-checks below use it too, so that each model's machine compiles once for all of them.
+BATCH = 7
+
+
 @pytest.fixture(scope="module")
 def ast_batch():
-    return data.batch(data.stdlib_ast_trees(8, min_leaves=3, max_leaves=MAX_LEAVES, vocab=VOCAB, seed=7))
+    return data.batch(data.stdlib_ast_trees(BATCH, min_leaves=3, max_leaves=MAX_LEAVES, vocab=VOCAB, seed=7))
 
 
 # --------------------------------------------------------------------------
@@ -72,15 +81,16 @@ def ast_batch():
 @pytest.mark.parametrize("name", [n if n in ("child_sum", "nary") else pytest.param(n, marks=pytest.mark.matrix)
                                   for n in TREE_MODELS])
 def test_tree_model_random_trees(name):
-    """Eight random trees of all shapes (1..20 leaves: a single leaf up to chains), plus the same
+    """Seven random trees of all shapes (1..20 leaves: a single leaf up to chains), plus the same
     batch started at a non-root node."""
     _, fn = TREE_MODELS[name]
     params = _params(name)
-    trees = random_tree_batch(8, seed=1)
+    trees = random_tree_batch(BATCH, seed=1)
     assert_matches_reference(fn, params, trees, trees.root)
     # start inside the tree: the root's left child (or the root itself when it is a leaf)
-    start = np.where(trees.children[np.arange(8), trees.root, 0] >= 0,
-                     trees.children[np.arange(8), trees.root, 0], trees.root).astype(np.int32)
+    rows = np.arange(BATCH)
+    start = np.where(trees.children[rows, trees.root, 0] >= 0,
+                     trees.children[rows, trees.root, 0], trees.root).astype(np.int32)
     assert_matches_reference(fn, params, trees, start)
 
 
@@ -114,7 +124,7 @@ def test_deep_chains_within_default_stack_depth():
 def test_outputs_independent_of_batch_company():
     """An example's result does not depend on the other trees in its batch."""
     params = _params("tree_gru")
-    trees = data.random_binary_trees(6, seed=4, min_leaves=1, max_leaves=MAX_LEAVES, max_nodes=MAX_NODES,
+    trees = data.random_binary_trees(BATCH, seed=4, min_leaves=1, max_leaves=MAX_LEAVES, max_nodes=MAX_NODES,
                                      shape=SHAPES, vocab=VOCAB)
     b = data.batch(trees)
     together = np.asarray(tree_gru.tree_gru(params, b, b.root))
@@ -170,7 +180,7 @@ def _nary_bottom_up(params, tree):
 
 def test_nary_tree_lstm_equals_bottom_up_numpy():
     params = _params("nary")
-    trees = data.random_binary_trees(4, seed=5, min_leaves=1, max_leaves=MAX_LEAVES, max_nodes=MAX_NODES,
+    trees = data.random_binary_trees(BATCH, seed=5, min_leaves=1, max_leaves=MAX_LEAVES, max_nodes=MAX_NODES,
                                      shape=SHAPES, vocab=VOCAB)
     b = data.batch(trees)
     h, c = nary.nary_tree_lstm(params, b, b.root)
@@ -183,7 +193,7 @@ def test_nary_tree_lstm_equals_bottom_up_numpy():
 def test_child_sum_is_symmetric_in_children():
     """Child-sum is order-invariant in the children: swapping left/right leaves it unchanged."""
     params = _params("child_sum")
-    b = random_tree_batch(4, seed=6)
+    b = random_tree_batch(BATCH, seed=6)
     swapped = b._replace(children=b.children[:, :, ::-1].copy())
     h1, _ = child_sum.child_sum_tree_lstm(params, b, b.root)
     h2, _ = child_sum.child_sum_tree_lstm(params, swapped, swapped.root)
@@ -218,7 +228,7 @@ def test_child_sum_on_nary_trees():
 
 def test_tree_lstm_2type_dispatches_on_node_type():
     params = _params("tree_lstm_2type")
-    b = random_tree_batch(4, seed=9, min_leaves=4)
+    b = random_tree_batch(BATCH, seed=9, min_leaves=4)
     flipped = b._replace(node_type=np.where(b.node_type >= 0, 1 - b.node_type, -1).astype(np.int32))
     h1, _ = tree_lstm_2type.tree_lstm_2type(params, b, b.root)
     h2, _ = tree_lstm_2type.tree_lstm_2type(params, flipped, flipped.root)
@@ -231,8 +241,8 @@ def test_tree_lstm_2type_dispatches_on_node_type():
 
 def test_mv_rnn_leaf_returns_word_vector_and_matrix():
     params = _params("mv_rnn")
-    b = random_tree_batch(3, seed=2)
-    leaf = np.zeros(3, np.int32)            # node 0 is always the first leaf
+    b = random_tree_batch(BATCH, seed=2)
+    leaf = np.zeros(BATCH, np.int32)            # node 0 is always the first leaf
     p, P = mv_rnn.mv_rnn(params, b, leaf)
     words = b.word[:, 0]
     np.testing.assert_allclose(np.asarray(p), np.asarray(params["embed"])[words])
@@ -246,8 +256,10 @@ def test_mv_rnn_leaf_returns_word_vector_and_matrix():
 @pytest.fixture(scope="module")
 def lattice_setup():
     # lattice_lstm_at recomputes shared states (calls grow exponentially with the length, and its
-    # reference runs them one JAX op at a time): lengths 1..6 and 29 words take 136 calls, not 340 as up to 9
-    lats = data.batch(data.random_lattices(8, seed=3, min_len=1, max_len=7, char_vocab=CHARS, word_vocab=VOCAB,
+    # reference runs them one JAX op at a time): lengths 1..6 (24 words), not up to 9. Seven lattices:
+    # fork="auto" runs lattice_lstm_at one lane per example (its loop-forked machine took 9 s of
+    # CPU to compile for eight; test_fork.py's test_lattice_lstm_at_recursive checks it)
+    lats = data.batch(data.random_lattices(BATCH, seed=3, min_len=1, max_len=7, char_vocab=CHARS, word_vocab=VOCAB,
                                            n_segmentations=3))
     params = lattice_lstm.init_params(jax.random.PRNGKey(3), CHARS, VOCAB, HIDDEN)
     return params, lats
@@ -261,7 +273,7 @@ def test_lattice_lstm_loop_matches_reference(lattice_setup):
 
 def test_lattice_lstm_recursive_matches_reference_and_loop(lattice_setup):
     params, lats = lattice_setup
-    rec, _ = assert_matches_reference(lattice_lstm.lattice_lstm_at, params, lats, lats.length)
+    rec = assert_matches_reference(lattice_lstm.lattice_lstm_at, params, lats, lats.length)
     loop = lattice_lstm.lattice_lstm(params, lats)
     for a, b in zip(rec, loop):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL)
@@ -272,7 +284,7 @@ def test_lattice_without_words_is_a_plain_lstm(lattice_setup):
     plain = lats._replace(word_start=-np.ones_like(lats.word_start), word_id=-np.ones_like(lats.word_id))
     h, c = lattice_lstm.lattice_lstm(params, plain)
     p = {k: np.asarray(v, np.float64) for k, v in params.items()}
-    for k in range(8):
+    for k in range(BATCH):
         hh, cc = np.zeros(HIDDEN), np.zeros(HIDDEN)
         for t in range(int(plain.length[k])):
             x = p["char_embed"][plain.chars[k, t]]
@@ -296,7 +308,7 @@ def _lstm_outputs(p, xs):
 def test_bilstm_tagger_matches_reference_and_scan():
     chains = data.batch(data.random_chains(8, seed=5, min_len=1, max_len=12, vocab=VOCAB, n_tags=N_TAGS))
     params = bilstm_tagger.init_params(jax.random.PRNGKey(5), VOCAB, HIDDEN, n_tags=N_TAGS)
-    scores, _ = assert_matches_reference(bilstm_tagger.bilstm_tagger, params, chains)
+    scores = assert_matches_reference(bilstm_tagger.bilstm_tagger, params, chains)
     assert scores.shape == (8, 12, N_TAGS)
     scores, embed = np.asarray(scores), np.asarray(params["embed"])
     for k in range(8):
