@@ -203,10 +203,12 @@ def test_gradient_through_a_loop_fork_equals_python():
     np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
-# Each schedule compiles a pool: `make test` runs depth and the learned policy on loop
-# forks (agenda on fork-join programs: tests/fsm/test_program_schedules.py), `make test-matrix` agenda.
-@pytest.mark.parametrize("schedules", [pytest.param(("depth", "policy"), id="depth+policy"),
-                                       pytest.param(("agenda",), id="agenda", marks=pytest.mark.matrix)])
+# Each schedule compiles a pool: `make test` runs the learned policy on loop forks (depth and
+# agenda on fork-join pools: tests/fsm/test_program_schedules.py), `make test-matrix` depth and
+# agenda on loop forks.
+@pytest.mark.parametrize("schedules", [pytest.param(("policy",), id="policy"),
+                                       pytest.param(("depth", "agenda"), id="depth+agenda",
+                                                    marks=pytest.mark.matrix)])
 def test_schedules_and_a_learned_policy_run_loop_forks(schedules):
     """The reference trace the FSM learns from follows launches; every schedule gives the same results."""
     import pcbatch.fsm as fsm
@@ -262,6 +264,8 @@ def test_a_loop_that_also_calls_a_launching_function_keeps_its_calls():
     notes = walk_then_offset.lowered(children, roots).notes
     assert any("also calls offset_walk" in n for n in notes)
     assert any("offset_walk" in n and "a loop fork" in n for n in notes)
-    small = jnp.asarray([[1, 2], [3, -1], [-1, -1], [-1, -1]], jnp.int32)  # 0 -> {1, 2}, 1 -> {3}
-    root = jnp.zeros(1, jnp.int32)
-    np.testing.assert_allclose(walk_then_offset(small, root), [11.0])  # 24 before
+    # 0 -> {1, 2}, 1 -> {3}, in a table and batch of the forest's shapes (the machine compiled above)
+    small = np.full(children.shape, -1, np.int32)
+    small[0, :2], small[1, 0] = [1, 2], 3
+    root = jnp.zeros_like(roots)
+    np.testing.assert_allclose(walk_then_offset(jnp.asarray(small), root), np.full(len(roots), 11.0))  # 24 before
