@@ -1,18 +1,21 @@
 """Fork-join lanes (`autobatch(..., fork=True)`): differential tests.
 
 Every result is compared with `.reference` (the original Python, one example at
-a time) and with the same function under `fork=False` (one lane per example,
-calls one after another); ints exactly, floats to rtol 1e-5.
+a time), and where a test is about it with the same function under `fork=False`
+(one lane per example, calls one after another: another compiled machine);
+ints exactly, floats to rtol 1e-5.
 
 Covered:
   * the tree models (every recursive model of `pcbatch.models`: nary, tree_gru,
     mv_rnn, tree_lstm_2type fork their two child calls; child_sum loops over
     its children (a loop fork)) on random
     binary trees of every shape in `data.trees.SHAPES` and stdlib syntax trees,
-    batch 7 with the default pool; nary also at batch 1, 64 and 256;
+    batch 7 with the default pool; nary also at batch 1 and 256 (64 under
+    `make test-matrix`);
   * lane exhaustion: no free lanes (`max_lanes == batch`: all sequential), one
-    or three free lanes, a small pool with `lane_width` 1..3, and a generous pool
-    (more lanes in use than examples, fewer steps than `fork=False`);
+    or three free lanes, a small pool with `lane_width` 1..3 (some of these
+    under `make test-matrix`), and a generous pool (more lanes in use than
+    examples, fewer steps than `fork=False`);
   * programs: two- and three-way forks, argument code between the calls,
     dependent calls (no fork), mutual recursion, forks in a while loop, a callee
     other than the caller, pytree results, a shared (`in_axes=None`) argument,
@@ -26,7 +29,9 @@ Covered:
 
 Compile time dominates (every distinct function x option set x input shape
 compiles one XLA program), so inputs share a few fixed shapes and every
-reconfigured copy (`with_options`) is made once (`variant`).
+reconfigured copy (`with_options`) is made once (`variant`); a check that needs
+another machine (fork=False, jit, one more pool) runs in `make test` only where
+it is the test's subject, and under `make test-matrix` otherwise.
 """
 from __future__ import annotations
 
@@ -101,10 +106,11 @@ def forked(fn: pcbatch.api.Autobatched) -> pcbatch.api.Autobatched:
     return fn if fn.fork is True else variant(fn, fork=True)
 
 
-def differential(fn, *args, ref=None, jit: bool = False, fork_false: bool = True):
-    """`fn` (forks) == `.reference` == `fork=False` (without `fork_false`, not
-    compared with fork=False; with `jit`, also == `fn` called inside `jax.jit`).
-    Returns (result, status, status under fork=False or None)."""
+def differential(fn, *args, ref=None, jit: bool = False, fork_false: bool = False):
+    """`fn` (forks) == `.reference` (with `fork_false`, also == `fork=False`; with
+    `jit`, also == `fn` called inside `jax.jit`). Each of those compiles another
+    machine: only tests that assert on it (fewer steps than fork=False) or whose
+    subject it is ask for it. Returns (result, status, status under fork=False or None)."""
     fn = forked(fn)
     out, status = fn.checked(*args)
     batch = np.shape(tree_leaves(out)[0])[0]
@@ -183,14 +189,33 @@ def mixed_batch7() -> data.Tree:
     return _AST["mixed7"]
 
 
+# Against fork=False (a second machine per model, and a second oracle beside `.reference`): nary
+# (two child calls) and child_sum (a loop fork); the other models' plain machines run against
+# `.reference` in tests/models/test_models.py (batches of 1 and 3: fork="auto" does not fork),
+# and against their forks in `make test-matrix` (test_tree_model_batch7_against_fork_false).
+AGAINST_FORK_FALSE_MODELS = ("nary", "child_sum")
+
+
 @pytest.mark.parametrize("name", list(TREE_MODELS))
 def test_tree_model_batch7_every_shape_and_stdlib_ast(name):
     _, fn = TREE_MODELS[name]
     trees = mixed_batch7()
-    _, status, seq = differential(fn, params_of(name), trees, trees.root)
+    against_fork_false = name in AGAINST_FORK_FALSE_MODELS
+    _, status, seq = differential(fn, params_of(name), trees, trees.root, fork_false=against_fork_false)
     if name in FORKING_MODELS + LOOP_FORKING_MODELS:
         assert int(status.peak_lanes) > 7
-        assert int(status.steps) < int(seq.steps)
+        if against_fork_false:
+            assert int(status.steps) < int(seq.steps)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("name", [n for n in FORKING_MODELS if n not in AGAINST_FORK_FALSE_MODELS])
+def test_tree_model_batch7_against_fork_false(name):
+    """test_tree_model_batch7_every_shape_and_stdlib_ast's fork=False cells: fewer steps with forks."""
+    _, fn = TREE_MODELS[name]
+    trees = mixed_batch7()
+    _, status, seq = differential(fn, params_of(name), trees, trees.root, fork_false=True)
+    assert int(status.steps) < int(seq.steps)
 
 
 def test_nary_batch1():
@@ -204,6 +229,7 @@ def test_nary_batch1():
     assert int(status.peak_lanes) == 1
 
 
+@pytest.mark.matrix  # batch 7 (the tree models, lane exhaustion) and 256 run in make test
 def test_nary_batch64():
     """The whole batch against fork=False, the (slow, per-example) reference on every
     8th example (every shape among them), as test_nary_batch256."""
@@ -225,8 +251,8 @@ def test_nary_batch64():
 
 def test_nary_batch256():
     """Random trees of every shape and stdlib ASTs; the (slow, per-example)
-    reference on every 8th example (every shape and some ASTs among them), the
-    whole batch against fork=False."""
+    reference on every 16th example (each of the 5 shapes 2-3 times and 4 ASTs
+    among them), the whole batch against fork=False."""
     fn = forked(nary.nary_tree_lstm)
     params = params_of("nary")
     rand = data.random_binary_trees(192, seed=6, min_leaves=1, max_leaves=MAX_LEAVES, max_nodes=MAX_NODES,
@@ -239,17 +265,26 @@ def test_nary_batch256():
     seq_out, seq_status = plain(fn).checked(params, trees, trees.root)
     assert_same(out, seq_out)
     assert int(status.steps) < int(seq_status.steps)
-    some = data.Tree(*(a[::8] for a in trees))
-    assert_same(jax.tree_util.tree_map(lambda a: a[::8], out), fn.reference(params, some, some.root))
+    some = data.Tree(*(a[::16] for a in trees))
+    assert_same(jax.tree_util.tree_map(lambda a: a[::16], out), fn.reference(params, some, some.root))
 
 
-def test_lattice_lstm_at_recursive():
-    """The recursive lattice LSTM (its calls sit in an `if` in a loop: no fork)."""
+def lattice_case():
     lats = data.batch(data.random_lattices(7, seed=3, min_len=1, max_len=6, char_vocab=CHARS, word_vocab=VOCAB,
                                            n_segmentations=2))
     assert (lats.word_start >= 0).any()
-    params = lattice_lstm.init_params(jax.random.PRNGKey(3), CHARS, VOCAB, HIDDEN)
-    differential(lattice_lstm.lattice_lstm_at, params, lats, lats.length)
+    return lattice_lstm.init_params(jax.random.PRNGKey(3), CHARS, VOCAB, HIDDEN), lats, lats.length
+
+
+def test_lattice_lstm_at_recursive():
+    """The recursive lattice LSTM (its calls sit in an `if` in a loop: a loop fork)."""
+    differential(lattice_lstm.lattice_lstm_at, *lattice_case())
+
+
+@pytest.mark.matrix
+def test_lattice_lstm_at_recursive_against_fork_false():
+    """test_lattice_lstm_at_recursive's program against fork=False too (another compile)."""
+    differential(lattice_lstm.lattice_lstm_at, *lattice_case(), fork_false=True)
 
 
 # --------------------------------------------------------------------------
@@ -268,15 +303,17 @@ def nary_fixture(shape):
     return _NARY_REF[key]
 
 
-@pytest.mark.parametrize("max_lanes, lane_width", [(7, None), (10, None), (12, 2)] + [
-    pytest.param(*p, marks=pytest.mark.matrix) for p in [(8, None), (12, 1), (12, 3)]])
+# No free lane (7), and free lanes with a step narrower than them (12, 2); free lanes at the
+# default width (8, 10: test_program's pool, the hypothesis pools) and other widths: `make test-matrix`.
+@pytest.mark.parametrize("max_lanes, lane_width", [(7, None), (12, 2)] + [
+    pytest.param(*p, marks=pytest.mark.matrix) for p in [(8, None), (10, None), (12, 1), (12, 3)]])
 def test_lane_exhaustion_results_exact(max_lanes, lane_width):
     options = {"max_lanes": max_lanes} if lane_width is None else {"max_lanes": max_lanes, "lane_width": lane_width}
     fn = variant(nary.nary_tree_lstm, **options)
     params = params_of("nary")
     for shape in ("balanced", SHAPES):
         trees, ref = nary_fixture(shape)
-        _, status, seq = differential(fn, params, trees, trees.root, ref=ref)
+        _, status, _ = differential(fn, params, trees, trees.root, ref=ref)
         assert 7 <= int(status.peak_lanes) <= max_lanes
         if max_lanes == 7:
             # no free lane: every fork runs sequentially, the blocks a lone lane runs
@@ -291,9 +328,12 @@ def test_lane_exhaustion_results_exact(max_lanes, lane_width):
 
 
 def test_generous_pool_forks_balanced_trees():
-    fn = variant(nary.nary_tree_lstm, max_lanes=256)
+    """The default pool (128 lanes per example): more than the trees have nodes. Its machine and
+    the fork=False one are test_tree_model_batch7_every_shape_and_stdlib_ast[nary]'s (batch 7);
+    an explicit `max_lanes` pool: test_lane_exhaustion_results_exact."""
+    fn = forked(nary.nary_tree_lstm)
     trees, ref = nary_fixture("balanced")
-    _, status, seq = differential(fn, params_of("nary"), trees, trees.root, ref=ref)
+    _, status, seq = differential(fn, params_of("nary"), trees, trees.root, ref=ref, fork_false=True)
     assert 7 < int(status.peak_lanes) <= 7 * (2 * MAX_LEAVES - 1)    # at most a lane per node
     assert int(status.steps) < int(seq.steps)
 
@@ -439,12 +479,14 @@ PROGRAM_POOL = dict(max_lanes=96, lane_width=32)
 
 
 # Also inside `jax.jit` (another compiled pool: about 2-5 s each on CI's two
-# cores): the programs whose arguments a trace changes (a shared one, entry
-# parameters forked from). Against fork=False (another compile each): the
-# simplest fork, a three-way one, mutual recursion and other callees.
-# `make test-matrix` runs every program both ways (test_program_every_cell).
-UNDER_JIT = {"shared_arg", "entry_param_args"}
-AGAINST_FORK_FALSE = {"fib", "trib_three_way", "mutual_recursion", "other_callees_and_tail_call"}
+# cores): the program whose entry parameters a trace changes and calls fork
+# from (a shared, `in_axes=None`, argument under jit: test_loop_forks.py's
+# sibling walk, a pool too). Against fork=False (another compile each, a second
+# oracle beside `.reference`): the simplest fork (the tree models run against
+# fork=False too). `make test-matrix` runs every program both ways
+# (test_program_every_cell).
+UNDER_JIT = {"entry_param_args"}
+AGAINST_FORK_FALSE = {"fib"}
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
@@ -565,14 +607,29 @@ def test_overflow_with_few_lanes_is_flagged_or_correct():
             fn(DEEP)
 
 
-def test_tree_overflow_under_forks():
-    """A 30-leaf left chain (height 29) with max_stack_depth 8: overflows
-    sequentially (no free lanes); with lanes to spare each lane holds one frame."""
+def deep_chains() -> data.Tree:
+    """A 16-leaf left and right chain (height 15, twice max_stack_depth=8 below).
+    (16 leaves, not 30: the per-node reference is the slow part.)"""
     rng = np.random.default_rng(0)
-    chains = data.batch([data.random_binary_tree(rng, 30, 59, shape=s, vocab=VOCAB) for s in ("left", "right")])
-    params = params_of("nary")
+    chains = [data.random_binary_tree(rng, 16, 31, shape=s, vocab=VOCAB) for s in ("left", "right")]
+    assert [data.tree_height(t) for t in chains] == [15, 15]
+    return data.batch(chains)
+
+
+@pytest.mark.matrix  # each pool compiles: no free lanes raising for fib, test_overflow_without_free_lanes_raises
+def test_tree_overflow_without_free_lanes():
+    """Chains deeper than max_stack_depth with no free lanes: they overflow sequentially."""
+    chains = deep_chains()
     with pytest.raises(StackOverflowError):
-        variant(nary.nary_tree_lstm, max_lanes=2, max_stack_depth=8)(params, chains, chains.root)
+        variant(nary.nary_tree_lstm, max_lanes=2, max_stack_depth=8)(params_of("nary"), chains, chains.root)
+
+
+def test_tree_overflow_under_forks():
+    """Chains deeper than max_stack_depth=8: with lanes to spare each lane holds one frame
+    (without, they overflow: test_tree_overflow_without_free_lanes, and fib's
+    test_overflow_without_free_lanes_raises)."""
+    chains = deep_chains()
+    params = params_of("nary")
     fn = variant(nary.nary_tree_lstm, max_lanes=256, max_stack_depth=8)
     out, status = fn.checked(params, chains, chains.root)
     assert_ok(status, 2)
@@ -593,6 +650,8 @@ def test_blocks_run_equals_trace_with_plenty_of_lanes():
     np.testing.assert_array_equal([int(t.result) for t in traces], np.asarray(fib.reference(DEEP)))
 
 
+# The same check on nary's trees: test_lane_exhaustion_results_exact[7-None] (another pool to compile here).
+@pytest.mark.matrix
 def test_blocks_run_without_free_lanes_equals_sequential_trace():
     fn = variant(fib, max_lanes=7)
     out, status = fn.checked(DEEP)
@@ -677,19 +736,32 @@ def loop_without_calls(n):
     return acc
 
 
-def test_for_over_a_constant_number_of_children_forks():
+def constant_arity_forest():
+    """Four trees of up to three children per node, and their roots."""
     kids = np.full((4, 13, 3), -1, np.int32)
     kids[:, 0] = [1, 2, 3]
     kids[:, 1] = [4, 5, 6]
     kids[1:, 2] = [7, 8, -1]
     kids[2:, 3] = [9, 10, 11]
-    root = np.zeros(4, np.int32)
+    return kids, np.zeros(4, np.int32)
+
+
+def test_for_over_a_constant_number_of_children_forks():
+    kids, root = constant_arity_forest()
     ir = str(nary_sum.ir())
     assert ir.count("fork [") == 1 and ir.split("fork [")[1].split("]")[0].count("nary_sum(") == 3
     assert ir.count("call nary_sum(") == 3  # the sequential fallback
     expected = nary_sum.reference(kids, root)
     np.testing.assert_array_equal(nary_sum(kids, root), expected)
-    np.testing.assert_array_equal(nary_sum.with_options(fork=False)(kids, root), expected)
-    assert "for.header" in str(loop_without_calls.ir())
-    n = np.arange(4, dtype=np.int32)
+    assert "for.header" in str(loop_without_calls.ir())  # run: test_for_over_a_constant_..._without_forks
+
+
+@pytest.mark.matrix
+def test_for_over_a_constant_number_of_children_without_forks():
+    """test_for_over_a_constant_number_of_children_forks's programs run where nothing forks:
+    nary_sum under fork=False, loop_without_calls (another compile each; that test checks
+    the forks against `.reference` and the loop in the IR)."""
+    kids, root = constant_arity_forest()
+    np.testing.assert_array_equal(nary_sum.with_options(fork=False)(kids, root), nary_sum.reference(kids, root))
+    n = np.arange(4, dtype=np.int32)  # a loop with no call to fork: stays a loop, runs as one
     np.testing.assert_array_equal(loop_without_calls(n), loop_without_calls.reference(n))
