@@ -84,29 +84,30 @@ def _keys(seed, chains):
     return jax.random.split(jax.random.PRNGKey(seed), chains)
 
 
+# The U-turn program on the 2-d Gaussian: `sampler`'s defaults, which is also what
+# `sample` builds for these options with `leaves_per_step=2`, so the differential,
+# budget and API tests below share one compiled machine (plain calls: a plain call
+# raises where `checked` flags an overflow or an unfinished chain).
 UTURNS_2D = dict(num_samples=5, max_tree_depth=6)
+UTURNS_CHAINS = 4
 
 
-def _uturns_2d_args(chains: int = 4):
-    x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
-    return nuts.prepare(x0, _keys(0, chains), 0.3, None, UTURNS_2D["num_samples"])[0]
+def _uturns_2d_x0(chains: int = UTURNS_CHAINS):
+    return jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
 
 
-def test_differential_2d_uturns_and_schedules():
-    chains, n = 4, UTURNS_2D["num_samples"]
+def _uturns_2d_args(chains: int = UTURNS_CHAINS):
+    return nuts.prepare(_uturns_2d_x0(chains), _keys(0, chains), 0.3, None, UTURNS_2D["num_samples"])[0]
+
+
+def test_differential_2d_uturns_and_gradient_last():
+    chains, n = UTURNS_CHAINS, UTURNS_2D["num_samples"]
     args = _uturns_2d_args(chains)
     last = nuts.sampler(LOGP2, **UTURNS_2D)  # the default scheduler
-    ref = last.reference(*args)
-    # Every scheduler gives the same result. make test runs the U-turn program
-    # under GradientQuorum (its only test); the default GradientLast's draws
-    # equal the reference on every other differential program here, and on
-    # this one in the matrix test below.
     assert isinstance(last.scheduler, nuts.GradientLast)
     assert last.scheduler.leaf == nuts.leaf_block(last.lowered(*args))
-    quorum = last.with_schedule(nuts.GradientQuorum(last.scheduler.leaf))
-    out, status = quorum.checked(*args)
-    assert not np.any(np.asarray(status.overflow)) and not np.any(np.asarray(status.unfinished))
-    _assert_same(out, ref)
+    out = last(*args)
+    _assert_same(out, last.reference(*args))
     steps = np.asarray(out.info.num_integration_steps)
     assert out.position.shape == (chains, n, 2) and steps.shape == (chains, n) and out.step_size.shape == (chains,)
     assert np.asarray(out.info.is_turning).all()            # every trajectory stopped on a U-turn
@@ -114,19 +115,22 @@ def test_differential_2d_uturns_and_schedules():
     assert len(np.unique(steps.sum(axis=1))) >= 2            # ... so chains desynchronize
     # Gradient-last runs the leaf block only with every unfinished chain there,
     # so it runs it as often as the chain that visits it most (each visit
-    # evaluates one or two leaves).
-    visits = [t.blocks.count(quorum.scheduler.leaf) for t in quorum.reference_trace(*args)]
+    # evaluates one or two leaves; the visits do not depend on the scheduler).
+    visits = [t.blocks.count(last.scheduler.leaf) for t in last.reference_trace(*args)]
     trace = last.trace(*args)  # GradientLast runs the leaf block once for every chain waiting there
-    assert not trace.truncated and int(np.sum(trace.blocks == quorum.scheduler.leaf)) == max(visits) < sum(visits)
+    assert not trace.truncated and int(np.sum(trace.blocks == last.scheduler.leaf)) == max(visits) < sum(visits)
 
 
-@pytest.mark.matrix  # three more compiled samplers; make test covers each idea elsewhere (above, test_targets)
-def test_2d_uturns_under_gradient_last_earliest_and_one_leaf_per_step():
+@pytest.mark.matrix  # four more compiled samplers; make test covers each idea elsewhere (above, the 5-d test, test_targets)
+def test_2d_uturns_under_gradient_quorum_earliest_and_one_leaf_per_step():
     args = _uturns_2d_args()
     last = nuts.sampler(LOGP2, **UTURNS_2D)
-    out, ref, _ = _run_both(LOGP2, None, None, None, None, args=args, **UTURNS_2D)
-    _assert_same(out, ref)  # the default scheduler, GradientLast, on the U-turn program
-    steps = np.asarray(out.info.num_integration_steps)
+    ref = last.reference(*args)
+    steps = np.asarray(ref.info.num_integration_steps)
+    quorum = last.with_schedule(nuts.GradientQuorum(last.scheduler.leaf))
+    out, status = quorum.checked(*args)
+    assert not np.any(np.asarray(status.overflow)) and not np.any(np.asarray(status.unfinished))
+    _assert_same(out, ref)
     _assert_same(last.with_schedule("earliest")(*args), ref)
     # Every block followed and masked (no conditional in a step, for GPUs): the same draws.
     every = last.with_schedule(nuts.GradientLast(last.scheduler.leaf, follow="all"))
@@ -144,29 +148,35 @@ def test_2d_uturns_under_gradient_last_earliest_and_one_leaf_per_step():
     assert steps.sum(axis=1).max() < 2 * max(visits)
 
 
-# `sample`'s program on the 2-d Gaussian, shared by the budget and API tests (one compile).
-SAMPLE_CHAINS, SAMPLE_OPTIONS = 5, dict(num_samples=12, max_tree_depth=6)
+# `sample`'s options that build the U-turn program above (`schedule="auto"` is
+# "gradient_last" on the CPU), shared by the budget and API tests (no compile of their own).
+SAMPLE_CHAINS, SAMPLE_OPTIONS = UTURNS_CHAINS, dict(leaves_per_step=2, **UTURNS_2D)
 
 
 def test_gradient_budget_stops_each_chain_after_its_transition_and_continues():
-    chains, n, budget = SAMPLE_CHAINS, SAMPLE_OPTIONS["num_samples"], 40
-    x0 = jax.random.normal(jax.random.PRNGKey(1), (chains, 2))
+    chains, n, budget = SAMPLE_CHAINS, SAMPLE_OPTIONS["num_samples"], 20
+    x0 = _uturns_2d_x0(chains)
     options = dict(step_size=0.3, **SAMPLE_OPTIONS)
+    assert nuts.sampler(LOGP2, **UTURNS_2D) is nuts.sampler(LOGP2, leaves_per_step=2, **UTURNS_2D)
     full = nuts.sample(LOGP2, x0, _keys(0, chains), **options)
     np.testing.assert_array_equal(np.asarray(full.num_draws), [n] * chains)
     out = nuts.sample(LOGP2, x0, _keys(0, chains), gradient_budget=budget, **options)
     # Each chain stops after the transition in which its gradients reach the
     # budget (same keys: the same chain as without one, cut short).
-    spent = np.cumsum(np.asarray(full.info.num_integration_steps), axis=1)
+    full_steps, full_position = np.asarray(full.info.num_integration_steps), np.asarray(full.position)
+    spent = np.cumsum(full_steps, axis=1)
     want = np.where((spent >= budget).any(axis=1), np.argmax(spent >= budget, axis=1) + 1, n)
     draws = np.asarray(out.num_draws)
     np.testing.assert_array_equal(draws, want)
     assert len(np.unique(draws)) > 1 and draws.max() < n          # chains stopped at different draws
+    # NumPy arrays: slicing a JAX array compiles a kernel per slice shape.
+    position, logdensity = np.asarray(out.position), np.asarray(out.logdensity)
+    steps, last_position = np.asarray(out.info.num_integration_steps), np.asarray(out.last_position)
     for c, k in enumerate(draws):
-        np.testing.assert_allclose(out.position[c, :k], full.position[c, :k], rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(out.info.num_integration_steps[c, :k], full.info.num_integration_steps[c, :k])
-        assert np.isnan(np.asarray(out.position[c, k:])).all() and np.isnan(np.asarray(out.logdensity[c, k:])).all()
-        np.testing.assert_array_equal(out.last_position[c], out.position[c, k - 1])
+        np.testing.assert_allclose(position[c, :k], full_position[c, :k], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(steps[c, :k], full_steps[c, :k])
+        assert np.isnan(position[c, k:]).all() and np.isnan(logdensity[c, k:]).all()
+        np.testing.assert_array_equal(last_position[c], position[c, k - 1])
     assert out.equal_length().position.shape == (chains, draws.min(), 2)
     assert draws.min() < 4   # R-hat needs 4 draws a chain: the error says what to do
     with pytest.raises(ValueError, match="gradient_budget"):
@@ -233,24 +243,22 @@ def _hashing_vector_kernels(hlo: str) -> list[str]:
     return found
 
 
-def test_random_draws_are_hashed_once_per_chain_not_per_coordinate():
-    # XLA fuses a chain's random flag into each [chains, dim] select that reads
-    # it and recomputes the hash there per element (`trajectory.per_chain`).
-    chains, dim = 8, 5
-    args = nuts.prepare(jnp.zeros((chains, dim)), _keys(0, chains), 0.5, None, 2)[0]
-    prog = nuts.sampler(LOGP5, num_samples=2, leaves_per_step=2, uturn_criterion="numpyro")
-    hlo = jax.jit(prog.checked).lower(*args).compile().as_text()
-    assert " xor(" in hlo  # the hashes are in the machine ...
-    assert _hashing_vector_kernels(hlo) == []  # ... and none in a per-coordinate kernel
+# The 5-d program: several leapfrogs per leaf, a step size per chain (chains
+# of very different trajectory lengths), run under GradientQuorum: make test's
+# only test of that scheduler (the default GradientLast's draws equal the
+# reference on the other differential programs here, on this one in the matrix).
+LEAPFROGS_5D = dict(num_samples=3, max_tree_depth=4, leapfrogs_per_leaf=4)
 
 
-def test_differential_5d_leapfrogs_per_leaf_per_chain_step_and_max_depth():
+def _leapfrogs_5d_args():
     chains = 4
     x0 = jax.random.normal(jax.random.PRNGKey(2), (chains, 5))
     step = jnp.asarray([0.02, 0.05, 0.1, 0.2])
     inv_mass = jnp.asarray(np.diag(COV5), jnp.float32)
-    out, ref, _ = _run_both(LOGP5, x0, _keys(3, chains), step, inv_mass,
-                            num_samples=3, max_tree_depth=4, leapfrogs_per_leaf=4)
+    return nuts.prepare(x0, _keys(3, chains), step, inv_mass, LEAPFROGS_5D["num_samples"])[0]
+
+
+def _check_leapfrogs_5d(out, ref):
     _assert_same(out, ref)
     steps = np.asarray(out.info.num_integration_steps)
     assert np.all(steps % 4 == 0)
@@ -259,6 +267,35 @@ def test_differential_5d_leapfrogs_per_leaf_per_chain_step_and_max_depth():
     assert at_limit.any() and (~at_limit).any()               # some hit max_tree_depth, some U-turn
     assert np.all(steps[at_limit] == 4 * 15) and np.all(depth[at_limit] == 4)   # 1 + 2 + 4 + 8 leaves
     assert np.all(depth <= 4)
+
+
+def test_differential_5d_leapfrogs_per_leaf_per_chain_step_max_depth_under_gradient_quorum():
+    out, ref, _ = _run_both(LOGP5, None, None, None, None, args=_leapfrogs_5d_args(),
+                            schedule="gradient_quorum", **LEAPFROGS_5D)
+    assert isinstance(nuts.sampler(LOGP5, per_chain_step_size=True, schedule="gradient_quorum",
+                                   **LEAPFROGS_5D).scheduler, nuts.GradientQuorum)
+    _check_leapfrogs_5d(out, ref)
+
+
+@pytest.mark.matrix  # the GradientLast cell of the 5-d program (make test: GradientQuorum, above)
+def test_differential_5d_leapfrogs_per_leaf_under_gradient_last():
+    out, ref, _ = _run_both(LOGP5, None, None, None, None, args=_leapfrogs_5d_args(), **LEAPFROGS_5D)
+    _check_leapfrogs_5d(out, ref)
+
+
+def test_random_draws_are_hashed_once_per_chain_not_per_coordinate():
+    # XLA fuses a chain's random flag into each [chains, dim] select that reads
+    # it and recomputes the hash there per element (`trajectory.per_chain`).
+    # The HLO of the 5-d test's machine, compiled once: lowering its runner
+    # again reuses the executable JAX keeps for these arguments.
+    args = _leapfrogs_5d_args()
+    prog = nuts.sampler(LOGP5, per_chain_step_size=True, schedule="gradient_quorum", **LEAPFROGS_5D)
+    out, status = prog.checked(*args)
+    assert not np.any(np.asarray(status.overflow)) and not np.any(np.asarray(status.unfinished))
+    exe, inputs = prog.executable(*args)
+    hlo = exe.runner.lower(inputs, exe.new_workspace()).compile().as_text()
+    assert " xor(" in hlo  # the hashes are in the machine ...
+    assert _hashing_vector_kernels(hlo) == []  # ... and none in a per-coordinate kernel
 
 
 DIVERGENCES = dict(num_samples=4, max_tree_depth=5, max_delta_energy=5.0, uturn_criterion="numpyro")
