@@ -88,8 +88,8 @@ def _keys(seed, chains):
 # `sample` builds for these options with `leaves_per_step=2`, so the differential,
 # budget and API tests below share one compiled machine (plain calls: a plain call
 # raises where `checked` flags an overflow or an unfinished chain).
-UTURNS_2D = dict(num_samples=5, max_tree_depth=6)
-UTURNS_CHAINS = 4
+UTURNS_2D = dict(num_samples=4, max_tree_depth=6)
+UTURNS_CHAINS = 3
 
 
 def _uturns_2d_x0(chains: int = UTURNS_CHAINS):
@@ -154,7 +154,7 @@ SAMPLE_CHAINS, SAMPLE_OPTIONS = UTURNS_CHAINS, dict(leaves_per_step=2, **UTURNS_
 
 
 def test_gradient_budget_stops_each_chain_after_its_transition_and_continues():
-    chains, n, budget = SAMPLE_CHAINS, SAMPLE_OPTIONS["num_samples"], 20
+    chains, n, budget = SAMPLE_CHAINS, SAMPLE_OPTIONS["num_samples"], 12
     x0 = _uturns_2d_x0(chains)
     options = dict(step_size=0.3, **SAMPLE_OPTIONS)
     assert nuts.sampler(LOGP2, **UTURNS_2D) is nuts.sampler(LOGP2, leaves_per_step=2, **UTURNS_2D)
@@ -247,7 +247,7 @@ def _hashing_vector_kernels(hlo: str) -> list[str]:
 # of very different trajectory lengths), run under GradientQuorum: make test's
 # only test of that scheduler (the default GradientLast's draws equal the
 # reference on the other differential programs here, on this one in the matrix).
-LEAPFROGS_5D = dict(num_samples=3, max_tree_depth=4, leapfrogs_per_leaf=4)
+LEAPFROGS_5D = dict(num_samples=2, max_tree_depth=4, leapfrogs_per_leaf=4)
 
 
 def _leapfrogs_5d_args():
@@ -298,7 +298,7 @@ def test_random_draws_are_hashed_once_per_chain_not_per_coordinate():
     assert _hashing_vector_kernels(hlo) == []  # ... and none in a per-coordinate kernel
 
 
-DIVERGENCES = dict(num_samples=4, max_tree_depth=5, max_delta_energy=5.0, uturn_criterion="numpyro")
+DIVERGENCES = dict(num_samples=3, max_tree_depth=5, max_delta_energy=5.0, uturn_criterion="numpyro")
 
 
 def _divergences_3d():
