@@ -77,8 +77,10 @@ def test_window_adaptation_differential_with_progress_bar():
     args, per_step, per_mass = nuts.prepare(jnp.zeros(3), jax.random.PRNGKey(4), 1.0, None, total,
                                             num_chains=chains, progress_every=every)
     np.testing.assert_array_equal(np.asarray(args[-1]), [total, every])   # only the last chain reports
+    # Depth 3: the oracle runs half the leaves of depth 4, and the windows still adapt the mass
+    # (by ~0.005 to ~0.8 across the scales below).
     prog = nuts.sampler(_scaled_gaussian, num_samples=samples, num_warmup=warmup, adaptation="window",
-                        max_tree_depth=4, progress=True)
+                        max_tree_depth=3, progress=True)
     bar = reporting.ProgressBar(total, chains, "test")
     calls = []
     update = bar.update
@@ -94,7 +96,7 @@ def test_window_adaptation_differential_with_progress_bar():
     assert bar.done == total          # what the reports said (closing the bar fills it regardless)
     # The same program without the progress bar, run chain by chain in Python (the oracle).
     ref = nuts.sampler(_scaled_gaussian, num_samples=samples, num_warmup=warmup, adaptation="window",
-                       max_tree_depth=4).reference(*args)
+                       max_tree_depth=3).reference(*args)
     for name in ("num_integration_steps", "num_trajectory_expansions", "is_divergent"):
         np.testing.assert_array_equal(np.asarray(getattr(out.info, name)), np.asarray(getattr(ref.info, name)))
     # Adapted values differ in the last bits (exp, sqrt), which trajectories amplify.
