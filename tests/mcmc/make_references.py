@@ -2,6 +2,7 @@
 (independent of pcbatch's sampler: only the log densities in `pcbatch.mcmc.targets` are shared).
 
     python tests/mcmc/make_references.py            # writes tests/mcmc/references.json
+    python tests/mcmc/make_references.py gaussian   # only the 100-d Gaussian's trajectory lengths
 
 Per target: BlackJAX's Stan-style `window_adaptation` (1000 warm-up steps) then
 `blackjax.nuts`, CHAINS chains of DRAWS draws each; stored: the mean, standard
@@ -41,6 +42,30 @@ def run(logdensity, dim, seed):
     return np.asarray(xs, np.float64), int(np.asarray(div).sum())
 
 
+def gaussian_100d_trajectories(step_size=0.25, chains=32, samples=150, max_doublings=8) -> dict:
+    """BlackJAX's NUTS on the 100-d correlated Gaussian (NumPyro's U-turn criterion, identity mass,
+    chains started at exact draws): how many transitions took each number of gradients and each
+    tree depth, for test_nuts.py's two-sample tests against pcbatch's at the same settings."""
+    gauss = targets.correlated_gaussian(100)
+    kernel = blackjax.nuts(gauss.logdensity, step_size=step_size, inverse_mass_matrix=jnp.ones(gauss.dim),
+                           max_num_doublings=max_doublings)
+
+    @jax.jit
+    def run(x0, key):
+        def one(state, k):
+            state, info = jax.vmap(kernel.step)(jax.random.split(k, chains), state)
+            return state, (info.num_integration_steps, info.num_trajectory_expansions)
+        return jax.lax.scan(one, jax.vmap(kernel.init)(x0), jax.random.split(key, samples))[1]
+
+    steps, depths = (np.asarray(a) for a in run(gauss.draws(chains, seed=11), jax.random.PRNGKey(13)))
+
+    def counts(a):
+        values, n = np.unique(a, return_counts=True)
+        return {"values": values.tolist(), "counts": n.tolist()}
+    return {"step_size": step_size, "chains": chains, "samples": samples, "max_doublings": max_doublings,
+            "num_integration_steps": counts(steps), "num_trajectory_expansions": counts(depths)}
+
+
 def moments(named: dict[str, np.ndarray]) -> dict:
     out = {}
     for name, x in named.items():          # x: [chains, draws, k]
@@ -67,8 +92,15 @@ def main(path: pathlib.Path) -> None:
     xs, div = run(t.logdensity, t.dim, 1)
     refs["breast_cancer_logistic"] = {"divergences": div, **moments({"w": xs})}
     print("breast cancer", time.time() - start, "s", div, "divergences", file=sys.stderr)
+    refs["gaussian_100d_trajectories"] = gaussian_100d_trajectories()
     path.write_text(json.dumps(refs, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main(pathlib.Path(__file__).with_name("references.json"))
+    out = pathlib.Path(__file__).with_name("references.json")
+    if sys.argv[1:] == ["gaussian"]:  # a minute, not the hours of the long runs
+        refs = json.loads(out.read_text())
+        refs["gaussian_100d_trajectories"] = gaussian_100d_trajectories()
+        out.write_text(json.dumps(refs, indent=1) + "\n")
+    else:
+        main(out)

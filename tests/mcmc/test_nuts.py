@@ -10,13 +10,16 @@
 * Statistical: on the 100-d correlated Gaussian, means and variances agree
   with the truth within Monte Carlo error (ESS-based standard errors), and the
   distribution of trajectory lengths matches BlackJAX's NUTS at the same step
-  size and mass matrix (two-sample tests).
+  size and mass matrix (two-sample tests; BlackJAX's run is stored in
+  references.json by make_references.py).
 * Step-size adaptation: dual averaging equals BlackJAX's on the same
   acceptance statistics, and reaches the target acceptance from either side.
 """
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import re
 import sys
 
@@ -419,27 +422,26 @@ GAUSS = targets.correlated_gaussian(100)
 STEP, CHAINS, SAMPLES = 0.25, 32, 150
 
 
+# BlackJAX's trajectory lengths at the same settings (tests/mcmc/make_references.py, run
+# once: its compile and run cost this file ~6 CPU-s): gradients and depth per transition.
+BLACKJAX_GAUSSIAN = json.loads(pathlib.Path(__file__).with_name("references.json").read_text())[
+    "gaussian_100d_trajectories"]
+
+
 @pytest.fixture(scope="module")
 def gaussian_runs():
-    """pcbatch and BlackJAX on the 100-d Gaussian, same step size, mass matrix,
-    depth limit and (NumPyro/BlackJAX) U-turn criterion, chains started at
-    exact draws (so there is no burn-in)."""
-    blackjax = pytest.importorskip("blackjax")
+    """pcbatch on the 100-d Gaussian, and BlackJAX's run at the same step size,
+    mass matrix (identity), depth limit and (NumPyro/BlackJAX) U-turn criterion,
+    chains started at exact draws (so there is no burn-in)."""
+    theirs = BLACKJAX_GAUSSIAN
+    assert (theirs["step_size"], theirs["chains"], theirs["samples"], theirs["max_doublings"]) == (
+        STEP, CHAINS, SAMPLES, 8), "settings changed: python tests/mcmc/make_references.py gaussian"
     x0 = GAUSS.draws(CHAINS, seed=11)
     ours = nuts.sample(GAUSS.logdensity, x0, _keys(12, CHAINS), step_size=STEP, num_samples=SAMPLES,
                        max_tree_depth=8, uturn_criterion="numpyro")
-    kernel = blackjax.nuts(GAUSS.logdensity, step_size=STEP, inverse_mass_matrix=jnp.ones(GAUSS.dim),
-                           max_num_doublings=8)
-
-    @jax.jit
-    def run(x0, key):
-        def one(state, k):
-            state, info = jax.vmap(kernel.step)(jax.random.split(k, CHAINS), state)
-            return state, (info.num_integration_steps, info.num_trajectory_expansions)
-        return jax.lax.scan(one, jax.vmap(kernel.init)(x0), jax.random.split(key, SAMPLES))[1]
-
-    steps, depths = run(x0, jax.random.PRNGKey(13))
-    return ours, np.asarray(steps).T, np.asarray(depths).T   # [chains, samples]
+    steps, depths = (np.repeat(theirs[k]["values"], theirs[k]["counts"])
+                     for k in ("num_integration_steps", "num_trajectory_expansions"))
+    return ours, steps, depths   # BlackJAX's: every transition, flat
 
 
 def test_gaussian_100d_moments_within_monte_carlo_error(gaussian_runs):
