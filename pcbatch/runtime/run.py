@@ -36,7 +36,7 @@ def new_workspace(prog: StackProgram, num_lanes: int, config: MachineConfig) -> 
     equal fills would be one buffer that XLA copies into every stack (a Tree-LSTM's
     `[depth, lanes, H]` stacks: hundreds of MB per call)."""
     leaves, treedef = jax.tree_util.tree_flatten(workspace_shapes(prog, num_lanes, config))
-    fill = _filler(tuple((s.shape, jnp.dtype(s.dtype)) for s in leaves))
+    fill = _filler(tuple((s.shape, s.dtype) for s in leaves))
     return treedef.unflatten(fill(np.arange(len(leaves), dtype=np.int32)))
 
 
@@ -44,10 +44,8 @@ def new_workspace(prog: StackProgram, num_lanes: int, config: MachineConfig) -> 
 def _filler(shapes: tuple[tuple[tuple[int, ...], Any], ...]) -> Callable[[Any], list[jax.Array]]:
     """One jitted program that fills a workspace of these shapes, stack k with `fills[k]`:
     eagerly, a `jnp.full` per stack compiled a program of its own for each new shape (128 of
-    a fork-join test file's 436 compiles). The fills are an argument, not constants, which
-    XLA would fold into literals as large as the stacks."""
-    return jax.jit(lambda fills: [jnp.broadcast_to(fills[k].astype(dtype), shape)
-                                  for k, (shape, dtype) in enumerate(shapes)])
+    a fork-join test file's 436 compiles)."""
+    return jax.jit(lambda fills: [jnp.full(shape, fills[k], dtype) for k, (shape, dtype) in enumerate(shapes)])
 
 
 def run_machine(prog: StackProgram, inputs: dict[str, Any], num_lanes: int, config: MachineConfig,
