@@ -77,8 +77,8 @@ def assert_batch_sharded(result, mesh):
 # covered by the padding test, the TreeLSTM and the workspace test). Batch 7:
 # 2 per device, one padding example.
 
-# Recursion, a loop, trees and floats in make test; the rest of the corpus in the matrix.
-CORPUS = ["fib", "collatz", "tree_sum"] + [pytest.param(n, marks=pytest.mark.matrix) for n in ("ack", "simulate", "bsearch")]
+# Recursion and trees in make test; the rest of the corpus in the matrix.
+CORPUS = ["fib", "tree_sum"] + [pytest.param(n, marks=pytest.mark.matrix) for n in ("collatz", "ack", "simulate", "bsearch")]
 
 
 @pytest.mark.parametrize("name", CORPUS)
@@ -119,7 +119,7 @@ def padding_blocks(fn, mesh, *args):
     return result, status, int(status.peak_lanes) + padded - batch  # the runner takes the padding's lanes off
 
 
-@pytest.mark.parametrize("fork", [False, True])
+@pytest.mark.parametrize("fork", [pytest.param(False, marks=pytest.mark.matrix), True])
 def test_padding_runs_no_blocks(fork):
     """Batch 5 on 4 devices: 2 per device, 3 padding examples (copies of the
     last, a long-running one) that start halted and run no block. Results are
@@ -158,6 +158,7 @@ def test_batch_smaller_than_devices_and_two_device_mesh():
             assert got.sharding.is_fully_replicated
 
 
+@pytest.mark.matrix  # the two-process run (test_multi_process.py) checks the same on a global mesh
 def test_under_jit_and_cache():
     """Recursion with a shared pytree of parameters (replicated), inside
     `jax.jit` (errors through checkify) and eagerly; the compile cache and
@@ -189,6 +190,7 @@ def assert_workspace_per_device(fn, *args):
         assert {s.data.shape[0] for s in leaf.addressable_shards} == {1}
 
 
+@pytest.mark.matrix  # the two-process run (test_multi_process.py) checks the same on a global mesh
 def test_context_manager_and_own_mesh():
     fn = CASES_BY_NAME["gcd"].fn
     x = (jnp.array([12, 7, 233, 100], jnp.int32), jnp.array([18, 0, 144, 75], jnp.int32))
@@ -209,6 +211,7 @@ def test_an_explicitly_sharded_argument_without_a_mesh_is_a_named_error():
     assert_same(on(fn, MESH4, fork=False)(x), fn.reference(x))  # with the mesh it runs; the oracle takes x too
 
 
+@pytest.mark.matrix  # the two-process run (test_multi_process.py) checks the same on a global mesh
 def test_stack_overflow_names_global_examples():
     fn = on(CASES_BY_NAME["fib"].fn, MESH4, fork=False, max_stack_depth=6)
     x = jnp.array([1, 2, 3, 4, 5, 9, 2, 1, 10], jnp.int32)   # 9 and 10 need depth 9/10: on devices 1 and 3
@@ -253,6 +256,7 @@ def test_nary_tree_lstm():
 
 # --- library code over autobatch, sharded by the context -----------------------
 
+@pytest.mark.matrix  # the context itself: test_multi_process.py (fib), test_context_manager_and_own_mesh
 def test_nuts_under_the_sharded_context():
     """`pcbatch.mcmc.nuts.sample` (built on autobatch) under `pcbatch.sharded`: 8
     chains, 2 per device, equal to the same chains run unsharded."""
