@@ -75,10 +75,11 @@ def python3_kernel(tmp_path_factory):
             os.environ["JUPYTER_PATH"] = saved
 
 
-# The schedules, NUTS and AST-classifier walkthroughs (20-30 s each on CI's two cores)
-# run under `make test-matrix`: what they call, tests/fsm, tests/mcmc, tests/grad
-# (training a tree model with optax) and test_viz.py check.
-WALKTHROUGHS = {"02_schedules", "03_nuts", "05_ast_classifier"}
+# The schedules, NUTS, memory-layout and AST-classifier walkthroughs (8-30 s each on CI's
+# two cores) run under `make test-matrix`: what they call, tests/fsm, tests/mcmc,
+# tests/memory, tests/grad (training a tree model with optax) and test_viz.py check. The
+# quickstart, a user's first run, stays in make test.
+WALKTHROUGHS = {"02_schedules", "03_nuts", "04_memory_layout", "05_ast_classifier"}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=(pytest.mark.matrix,) if p.stem in WALKTHROUGHS else ())
