@@ -14,9 +14,10 @@ from .generator import LARGE, SMALL
 from .test_fuzz import CHUNKS, _examples, _run
 
 
-@pytest.mark.parametrize("chunk", range(CHUNKS))
+@pytest.mark.parametrize("chunk", [c if c < 2 else pytest.param(c, marks=pytest.mark.matrix) for c in range(CHUNKS)])
 def test_fuzz_forked_programs(chunk):
-    """`make test`: 4 x 2 fixed random programs (or `PCBATCH_FUZZ_EXAMPLES` in all) with fork=True:
+    """`make test`: 2 x 2 fixed random programs (`make test-matrix`: 2 more chunks; or
+    `PCBATCH_FUZZ_EXAMPLES` in all) with fork=True:
     hypothesis' simplest (an empty batch), then one random program (2, not 25: a pool compiles in
     ~1.4 s cold, and `make test` must stay under 8 minutes on CI, where it took 458 s with 20, 471 s
     with 15, 436 s with 12, 485 s with 10 and 571 s with 7, with more tests each time; `make fuzz`
