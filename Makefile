@@ -19,11 +19,11 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 # The combinations `make test` leaves out of its cross products (schedulers x programs, fork modes x programs).
 test-matrix: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m matrix
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m matrix
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py

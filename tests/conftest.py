@@ -1,6 +1,4 @@
-import json
 import os
-from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -66,15 +64,3 @@ def _free_compiled_programs():
     regions = _mapped_regions()
     if regions is None or regions > 45_000:
         jax.clear_caches()
-
-
-# `make test` hands whole files to its two workers (`--dist loadfile`) in the order collected.
-# Longest first, so that the run does not end with one worker on a long file while the other
-# idles: xdist's own order (most tests first) started the one-test, 16-40 s sharding files
-# last. Seconds per file from a cold `make test` (`pytest --junitxml`); files not listed are
-# short. A stale figure only costs balance, never a test.
-_FILE_SECONDS = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
-
-
-def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: -_FILE_SECONDS.get(item.nodeid.split("::")[0], 0))
