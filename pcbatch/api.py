@@ -26,7 +26,6 @@ from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.options import Options
 from pcbatch.runtime import Status
 from pcbatch.runtime.grad import DEFAULT_TAPE_SIZE, TapeInfo
-from pcbatch.runtime.run import step_tracer
 from pcbatch.runtime.steps import StepTrace
 
 if TYPE_CHECKING:
@@ -219,10 +218,7 @@ class Autobatched:
             return StepTrace(np.zeros(0, idx), np.zeros(0, idx), np.zeros((0, exe.prog.num_blocks), idx), 0, 0, 0,
                              np.zeros((0, 0), idx) if per_lane else None, np.zeros((0, 0), bool) if per_lane else None)
         with _context.in_building():
-            if (steps, per_lane) not in exe.step_tracers:
-                exe.step_tracers[steps, per_lane] = step_tracer(exe.prog, exe.batch, exe.config(exe.batch)[1],
-                                                                steps, per_lane)
-            return exe.step_tracers[steps, per_lane](inputs)[2]
+            return exe.step_tracer(steps, per_lane)(inputs)[2]
 
     def reference_trace(self, *args: Any, max_steps: int | None = None, **kwargs: Any) -> list[Trace]:
         """What each example executes, from the reference interpreter: one

@@ -38,8 +38,9 @@ from pcbatch.runtime import MachineConfig, Status, run_machine
 from pcbatch.runtime.dtypes import index_dtype, nbytes
 from pcbatch.runtime.grad import Differentiable
 from pcbatch.runtime.options import Tuning
-from pcbatch.runtime.run import new_workspace, workspace_shapes
+from pcbatch.runtime.run import new_workspace, step_tracer, workspace_shapes
 from pcbatch.runtime.stacks import StackLayout
+from pcbatch.runtime.steps import StepTrace
 
 tree_util = jax.tree_util
 
@@ -200,6 +201,13 @@ class Executable:
             return new_workspace(self.prog, self.batch, self.config(self.batch)[1])
         local = self.signature.local_batch
         return sharding.new_workspace(workspace_shapes(self.prog, local, self.config(local)[1]))
+
+    def step_tracer(self, steps: int, per_lane: bool) -> Callable[[dict[str, Any]], tuple[Any, Status, StepTrace]]:
+        """`f.trace`'s jitted run for `steps` steps (`runtime.run.step_tracer`), built once."""
+        if (steps, per_lane) not in self.step_tracers:
+            self.step_tracers[steps, per_lane] = step_tracer(self.prog, self.batch, self.config(self.batch)[1],
+                                                             steps, per_lane)
+        return self.step_tracers[steps, per_lane]
 
     def gradient_machine(self) -> Differentiable:
         """The machine under a custom_jvp (`runtime.grad.Differentiable`), built once."""

@@ -81,4 +81,3 @@ def step_tracer(prog: StackProgram, num_lanes: int, config: MachineConfig, size:
         result, status, tape = run(inputs)
         return result, status, StepTrace.from_tape(tape, machine.lanes, machine.width)
     return traced
-
