@@ -126,10 +126,23 @@ def workloads() -> dict[str, tuple[list[ExecGraph], list[ExecGraph]]]:
     return {name: ([make(rng) for _ in range(2)], [make(rng) for _ in range(3)]) for name, make in MAKERS.items()}
 
 
+class _LearnedOnDemand(dict):
+    """name -> Policy, each learned the first time a test asks for it: a test file
+    reads two or four of the five (~1.5 s of learning each), and with `--dist
+    loadfile` the files run in different workers."""
+
+    def __init__(self, workloads):
+        super().__init__()
+        self.workloads = workloads
+
+    def __missing__(self, name: str):
+        train, _ = self.workloads[name]
+        self[name] = learn_from_graphs(train, train[0].num_types, encoding="sort", trials=400, seed=0,
+                                       progress=False)
+        return self[name]
+
+
 @pytest.fixture(scope="session")
 def learned(workloads):
     """name -> Policy learned (E_sort, seed 0) on that workload's training graphs."""
-    return {
-        name: learn_from_graphs(train, train[0].num_types, encoding="sort", trials=400, seed=0, progress=False)
-        for name, (train, _) in workloads.items()
-    }
+    return _LearnedOnDemand(workloads)
