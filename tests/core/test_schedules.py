@@ -41,9 +41,10 @@ def test_every_schedule_gives_the_same_answers(case, schedule):
 
 
 class _Wayward:
-    """A user's scheduler that answers `bad` every third step (out of range, or a block no lane waits at)."""
+    """A user's scheduler that answers wrong every third step (out of range, or a block no lane
+    waits at): the answers in `bad` in turn."""
 
-    def __init__(self, bad):
+    def __init__(self, *bad):
         self.bad = bad
 
     def init(self, num_blocks, num_lanes):
@@ -53,19 +54,22 @@ class _Wayward:
     def choose(self, step, frontier):
         import jax.numpy as jnp
         block = fsm.Earliest().choose((), frontier)[0]
-        bad = jnp.argmax(frontier.counts == 0) if self.bad == "idle" else self.bad
-        return jnp.where(step % 3 == 2, bad, block).astype(jnp.int32), step + 1
+        turn = (step // 3) % len(self.bad)
+        for k, bad in enumerate(self.bad):
+            wrong = jnp.argmax(frontier.counts == 0) if bad == "idle" else bad
+            block = jnp.where((step % 3 == 2) & (turn == k), wrong, block)
+        return block.astype(jnp.int32), step + 1
 
 
-# Each cell compiles a machine: `make test` runs every wrong answer once and each
-# pool twice (negative answers and idle blocks on the fork-join pool, where they
-# broke it); `make test-matrix` the other four.
-_WAYWARD = [(True, -1), (True, "idle"), (False, -4), (False, 999)]
+# Each cell compiles a machine: `make test` runs each pool once, its scheduler answering two of
+# the wrong blocks in turn (negative answers and idle blocks on the fork-join pool, where they
+# broke it); `make test-matrix` runs each wrong answer alone on each pool.
+_WAYWARD = [pytest.param(True, (-1, "idle"), id="-1+idle-True"), pytest.param(False, (-4, 999), id="-4+999-False")]
+_WAYWARD += [pytest.param(fork, (bad,), id=f"{bad}-{fork}", marks=pytest.mark.matrix)
+             for fork in (False, True) for bad in (-4, -1, 999, "idle")]
 
 
-@pytest.mark.parametrize("fork, bad", [pytest.param(fork, bad, id=f"{bad}-{fork}",
-                                                    marks=() if (fork, bad) in _WAYWARD else (pytest.mark.matrix,))
-                                       for fork in (False, True) for bad in (-4, -1, 999, "idle")])
+@pytest.mark.parametrize("fork, bad", _WAYWARD)
 def test_a_user_scheduler_answering_a_wrong_block_cannot_change_results(fork, bad):
     """Found by trying users' schedulers: on the fork-join pool a negative answer read the
     queues from their end while the block switch clamped it (fib returned 17 for 2), and a
@@ -79,7 +83,7 @@ def test_a_user_scheduler_answering_a_wrong_block_cannot_change_results(fork, ba
         return n if n <= 1 else fib(n - 1) + fib(n - 2)
 
     n = jnp.array([3, 7, 4, 5, 9, 1, 0, 6])
-    np.testing.assert_array_equal(fib.with_schedule(_Wayward(bad))(n), fib.reference(n))
+    np.testing.assert_array_equal(fib.with_schedule(_Wayward(*bad))(n), fib.reference(n))
 
 
 def test_a_user_scheduler_breaking_its_contract_is_a_named_error():
