@@ -133,22 +133,8 @@ def test_outputs_independent_of_batch_company():
                                rtol=RTOL, atol=ATOL)
 
 
-@pcbatch.autobatch
-def _self_calls_read_param_after(n):
-    if n <= 0:
-        return 0
-    m = n - 1
-    a = _self_calls_read_param_after(m)
-    b = _self_calls_read_param_after(m)
-    return a + b + n
-
-
-def test_param_read_only_after_second_self_call_is_saved():
-    """Minimal form of what breaks `nary_tree_lstm` (reads `node` only after
-    both calls, whose arguments were computed before the first): the parameter
-    must be saved across the FIRST call too. See /tmp/model_repros/."""
-    n = np.arange(5, dtype=np.int32)
-    np.testing.assert_array_equal(np.asarray(_self_calls_read_param_after(n)), [0, 1, 4, 11, 26])
+# The minimal form of what broke `nary_tree_lstm` (a parameter read only after both self-calls
+# must be saved across the first): tests/lower/test_regressions.py, against the Python too.
 
 
 # --------------------------------------------------------------------------
