@@ -98,13 +98,16 @@ def test_a_policy_learned_on_estimated_costs_runs_the_fork_join_machine():
 
 def test_without_forks_a_table_learned_on_estimated_costs_is_never_measured_slower():
     x = jnp.array([0, 3, 7, 4, 9, 1, 6, 5])
-    policy = fib.learn_schedule(x, trials=50, seed=0, progress=False, costs="estimate")
+    # Earliest is fib's default schedule; by name, its checked machine is the one
+    # test_named_schedules_agree_with_python_and_simulation[earliest-fib] compiled.
+    earliest = fib.with_schedule("earliest")
+    policy = earliest.learn_schedule(x, trials=50, seed=0, progress=False, costs="estimate")
     lookups = any(a != policy.fallback(s) for s, a in zip(policy.states, policy.actions))
     if lookups:   # kept: the machine with it measured faster than the default
         assert policy.info["measured"]["policy"] < policy.info["measured"]["default"]
     else:         # none learned, or dropped (then it says why, with the times)
         assert "measured" not in policy.info or "dropped" in policy.info
-    result, status = fib.with_schedule(policy).checked(x)
+    result, status = earliest.with_schedule(policy).checked(x)
     np.testing.assert_array_equal(result, fib.reference(x))
     assert int(status.steps) == fsm.simulate(fsm.record(fib, x), policy).steps
 
@@ -149,15 +152,25 @@ def assert_close(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
-_RECORDED: dict = {}
+_ONCE: dict = {}
+
+
+def _once(what, f, args, compute):
+    if (what, id(f)) not in _ONCE:
+        _ONCE[what, id(f)] = (f, compute(f, *args))   # f kept: its id stays its own
+    return _ONCE[what, id(f)][1]
 
 
 def recorded(f, *args):
     """`fsm.record(f, *args)`, once per fork-join program in this file (it runs every
     example in the reference interpreter)."""
-    if id(f) not in _RECORDED:
-        _RECORDED[id(f)] = (f, fsm.record(f, *args))   # f kept: its id stays its own
-    return _RECORDED[id(f)][1]
+    return _once("record", f, args, fsm.record)
+
+
+def reference(f, *args):
+    """`f.reference(*args)` (the per-example Python), once per fork-join program in this file:
+    the pools below are `f` with other options, on the same arguments."""
+    return _once("reference", f, args, lambda f, *a: f.reference(*a))
 
 
 def _fork_cases(tree_case):
@@ -190,7 +203,7 @@ _SCHEDULE_ROWS = [("fib", ("earliest", "depth", "fsm"), ()), ("tree_lstm", ("age
 def test_forked_programs_match_the_dag_simulation(case, names, tree_case):
     f, args = _fork_cases(tree_case)[case]
     graph = recorded(f, *args)
-    want = f.reference(*args)
+    want = reference(f, *args)
     policy = fsm.learn(f, *args, trials=10, seed=0, progress=False) if "fsm" in names else None  # any policy
     hosts = {"earliest": fsm.Earliest(), "depth": fsm.Depth(), "agenda": fsm.Agenda(),
              "returns_last": fsm.ReturnsLast().for_program(f.lowered(*args)), "fsm": policy}
@@ -218,27 +231,36 @@ def test_trace_records_each_step_inside_the_loop(tree_case):
     # A truncated trace (another compile): test_per_lane_trace_gives_each_lane_its_blocks.
 
 
-def test_trace_of_a_narrow_pool_counts_the_lanes_each_step_ran(tree_case):
+@pytest.fixture(scope="module")
+def narrow_pool(tree_case):
+    """tree_case's program on a pool where lanes wait for a slot and Forks fall back to calls:
+    one object, so that its machine per schedule compiles once in this file."""
+    f, _ = tree_case
+    return f.with_options(max_lanes=24, lane_width=4)
+
+
+def test_trace_of_a_narrow_pool_counts_the_lanes_each_step_ran(tree_case, narrow_pool):
     f, args = tree_case
-    g = f.with_options(max_lanes=24, lane_width=4)  # lanes wait for a slot; Forks fall back to calls
+    g = narrow_pool
     trace = g.trace(*args)
     assert trace.lanes.max() <= 4 and trace.num_lanes == 24
     np.testing.assert_array_equal(trace.lanes, np.minimum(trace.counts[np.arange(trace.steps), trace.blocks], 4))
     got, status = g.checked(*args)   # the default schedule: with forks, returns_last
     assert not status.unfinished.any() and not status.overflow.any() and int(status.steps) == trace.total
-    assert_close(got, f.reference(*args))
+    assert_close(got, reference(f, *args))
 
 
 # Each schedule compiles this pool's machine again: `make test` runs returns_last (the default
-# with forks) on it in the test above and depth here; agenda runs on the wide pool above (the
-# fork-join tree_lstm row, and its trace); `make test-matrix` runs all three here.
-@pytest.mark.parametrize("name", ["depth", pytest.param("agenda", marks=pytest.mark.matrix),
-                                  pytest.param("returns_last", marks=pytest.mark.matrix)])
-def test_schedules_under_pool_pressure_finish_every_example(name, tree_case):
+# with forks), the machine the test above compiled; depth and agenda run on the wide pool above
+# (the fork-join rows, and agenda's trace); `make test-matrix` runs all three here.
+@pytest.mark.parametrize("name", [pytest.param("depth", marks=pytest.mark.matrix),
+                                  pytest.param("agenda", marks=pytest.mark.matrix), "returns_last"])
+def test_schedules_under_pool_pressure_finish_every_example(name, tree_case, narrow_pool):
     f, args = tree_case
-    got, status = f.with_options(max_lanes=24, lane_width=4, schedule=name).checked(*args)
+    g = narrow_pool if name == "returns_last" else narrow_pool.with_schedule(name)   # returns_last: its default
+    got, status = g.checked(*args)
     assert not status.unfinished.any() and not status.overflow.any()
-    assert_close(got, f.reference(*args))
+    assert_close(got, reference(f, *args))
 
 
 # Each trace compiles a machine of its own: `make test` truncates fib's, `make test-matrix` collatz's too.
