@@ -155,10 +155,21 @@ LOOP_FORKING_MODELS = ("child_sum",)   # a loop over the children (a loop fork)
 _PARAMS: dict = {}
 
 
+def model_params(init, seed: int, *sizes):
+    """Weights of the shapes and dtypes `init(key, *sizes)` makes, N(0, 1/fan_in), drawn by
+    NumPy: the models' own init compiles a threefry normal per weight shape (~0.5-1 s of CPU
+    each, ~12 s in this file), and a differential check needs weights of the right shapes,
+    not those values."""
+    rng = np.random.default_rng(seed)
+    shapes = jax.eval_shape(lambda key: init(key, *sizes), jax.ShapeDtypeStruct((2,), jnp.uint32))
+    return jax.tree_util.tree_map(
+        lambda s: jnp.asarray(rng.standard_normal(s.shape) / np.sqrt(s.shape[-1]), s.dtype), shapes)
+
+
 def params_of(name: str):
     if name not in _PARAMS:
         module, _ = TREE_MODELS[name]
-        _PARAMS[name] = module.init_params(jax.random.PRNGKey(len(name)), VOCAB, HIDDEN)
+        _PARAMS[name] = model_params(module.init_params, len(name), VOCAB, HIDDEN)
     return _PARAMS[name]
 
 
@@ -273,7 +284,7 @@ def lattice_case():
     lats = data.batch(data.random_lattices(7, seed=3, min_len=1, max_len=6, char_vocab=CHARS, word_vocab=VOCAB,
                                            n_segmentations=2))
     assert (lats.word_start >= 0).any()
-    return lattice_lstm.init_params(jax.random.PRNGKey(3), CHARS, VOCAB, HIDDEN), lats, lats.length
+    return model_params(lattice_lstm.init_params, 3, CHARS, VOCAB, HIDDEN), lats, lats.length
 
 
 def test_lattice_lstm_at_recursive():
@@ -315,8 +326,9 @@ def test_lane_exhaustion_results_exact(max_lanes, lane_width):
         trees, ref = nary_fixture(shape)
         _, status, _ = differential(fn, params, trees, trees.root, ref=ref)
         assert 7 <= int(status.peak_lanes) <= max_lanes
-        if max_lanes == 7:
-            # no free lane: every fork runs sequentially, the blocks a lone lane runs
+        if max_lanes == 7 and not isinstance(shape, str):
+            # no free lane: every fork runs sequentially, the blocks a lone lane runs (on the
+            # mixed batch, balanced trees among its shapes: the interpreter runs op by op)
             assert int(status.peak_lanes) == 7
             prog = fn.lowered(params, trees, trees.root)
             alone = [run_stack_program(prog, dict(zip(prog.entry_params, (params, t, t.root))), forks=False)
@@ -553,27 +565,30 @@ def test_overflow_without_fork_raises():
     assert "max_lanes" not in str(e.value)  # no pool to enlarge
 
 
+# No free lanes: `between` (float results, for the NaNs under jit) on one pool for both tests.
+NO_FREE_LANES = dict(max_lanes=7, max_stack_depth=3)
+
+
 def test_overflow_without_free_lanes_raises():
     """Forks need lanes; with none free every call runs in the parent's lane,
     as deep as without forks: an error, not garbage."""
-    fn = variant(fib, max_lanes=7, max_stack_depth=4)
+    fn = variant(between, **NO_FREE_LANES)
     with pytest.raises(StackOverflowError) as e:
         fn(DEEP)
-    assert e.value.examples == [0, 2, 4, 6]          # fib(9), fib(8), fib(9), fib(7)
+    assert e.value.examples == [0, 2, 4, 6]          # between(9), (8), (9), (7): 7-9 calls deep
     assert "larger `max_lanes=` also helps" in str(e.value)
     out, status = fn.checked(DEEP)
     flags = np.asarray(status.overflow)
     np.testing.assert_array_equal(flags, [True, False, True, False, True, False, True])
     ok = ~flags
-    np.testing.assert_array_equal(np.asarray(out)[ok], np.asarray(fib.reference(DEEP))[ok])
+    np.testing.assert_allclose(np.asarray(out)[ok], np.asarray(between.reference(DEEP))[ok], rtol=RTOL)
 
 
 def test_overflow_under_jit_poisons_float_results():
-    """Inside jit: checkify reports the overflow, overflowed examples' floats are NaN."""
-    fn = variant(between, max_lanes=7, max_stack_depth=3)
-    out, status = fn.checked(DEEP)
-    flags = np.asarray(status.overflow)
-    assert flags.any() and not flags.all()
+    """Inside jit: checkify reports the overflow, overflowed examples' floats are NaN (the
+    examples test_overflow_without_free_lanes_raises flags on the same pool)."""
+    fn = variant(between, **NO_FREE_LANES)
+    flags = np.array([True, False, True, False, True, False, True])
     err, jout = checkify.checkify(jax.jit(lambda a: fn(a)))(DEEP)
     assert "max_stack_depth" in str(err.get())
     jout = np.asarray(jout)
@@ -616,7 +631,7 @@ def deep_chains() -> data.Tree:
     return data.batch(chains)
 
 
-@pytest.mark.matrix  # each pool compiles: no free lanes raising for fib, test_overflow_without_free_lanes_raises
+@pytest.mark.matrix  # each pool compiles: no free lanes raising for `between`: test_overflow_without_free_lanes_raises
 def test_tree_overflow_without_free_lanes():
     """Chains deeper than max_stack_depth with no free lanes: they overflow sequentially."""
     chains = deep_chains()
@@ -626,7 +641,7 @@ def test_tree_overflow_without_free_lanes():
 
 def test_tree_overflow_under_forks():
     """Chains deeper than max_stack_depth=8: with lanes to spare each lane holds one frame
-    (without, they overflow: test_tree_overflow_without_free_lanes, and fib's
+    (without, they overflow: test_tree_overflow_without_free_lanes, and `between`'s
     test_overflow_without_free_lanes_raises)."""
     chains = deep_chains()
     params = params_of("nary")
