@@ -699,7 +699,7 @@ def pooled_trees(draw):
     return data.batch(trees), max_lanes, lane_width
 
 
-@settings(max_examples=2)  # each example compiles a pool (test_lane_exhaustion_results_exact: fixed small ones)
+@settings(max_examples=1)  # each example compiles a pool (~8 s of CPU; test_lane_exhaustion_results_exact: fixed small ones)
 @given(pooled_trees())
 def test_hypothesis_nary_random_pools(case):
     trees, max_lanes, lane_width = case

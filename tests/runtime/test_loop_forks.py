@@ -111,25 +111,29 @@ def test_sibling_links_fork_and_equal_python():
     w = jnp.float32(0.7)
     expected = sibling_walk.reference(w, first, nxt, roots)
     assert launches(sibling_walk, w, first, nxt, roots)
-    out, status = sibling_walk.checked(w, first, nxt, roots)
-    np.testing.assert_allclose(out, expected, rtol=1e-6)
-    assert int(status.peak_lanes) > len(roots)  # the nodes of a tree ran in lanes of their own
-    # A pool too small for every child: lanes that find none call in their own lane. Under jit
-    # (each pool, and jit, compiles a machine: one for both).
+    # A pool too small for every child: lanes that find none call in their own lane. Under jit,
+    # result and status from one compiled machine (each pool, and jit, compiles one; the default
+    # pool runs loop forks eagerly in range_walk's tests, sibling_walk's in the matrix test below).
     few = sibling_walk.with_options(max_lanes=len(roots) + 3)
-    np.testing.assert_allclose(jax.jit(few)(w, first, nxt, roots), expected, rtol=1e-6)
+    out, status = jax.jit(few.checked)(w, first, nxt, roots)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    assert not np.asarray(status.overflow).any() and not np.asarray(status.unfinished).any()
+    assert int(status.peak_lanes) > len(roots)  # the nodes of a tree ran in lanes of their own
 
 
 @pytest.mark.matrix
-def test_sibling_links_without_a_spare_lane_and_the_default_pool_under_jit():
+def test_sibling_links_without_a_spare_lane_and_the_default_pool():
     """The cells test_sibling_links_fork_and_equal_python leaves out: no lane to spare (a
     loop fork's no-spare pool runs in test_overflow_and_step_limits_flag_only_their_examples),
-    and the default pool under jit."""
+    and the default pool, eagerly and under jit."""
     _, first, nxt, roots = random_forest(0, 24, 20, 5)
     w = jnp.float32(0.7)
     expected = sibling_walk.reference(w, first, nxt, roots)
     np.testing.assert_allclose(sibling_walk.with_options(max_lanes=len(roots))(w, first, nxt, roots), expected,
                                rtol=1e-6)
+    out, status = sibling_walk.checked(w, first, nxt, roots)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    assert int(status.peak_lanes) > len(roots)
     np.testing.assert_allclose(jax.jit(sibling_walk)(w, first, nxt, roots), expected, rtol=1e-6)
 
 
