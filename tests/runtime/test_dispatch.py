@@ -117,17 +117,11 @@ def saved_rows(x, depth):
     return buf
 
 
-def normal(seed: int, shape) -> jax.Array:
-    """N(0, 1) float32 inputs drawn by NumPy (jax.random.normal compiles a threefry
-    program per shape: a second or so of CPU for two inputs)."""
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
 # `record` makes no calls: the stacks, carried through the switch or not, are never touched.
 @pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.matrix) if m == "switch_stacks_outside" else m
                                   for m in sorted(MODES)])
 def test_masked_rows_match_python(mode):
-    x = normal(0, (5, DIM))
+    x = jax.random.normal(jax.random.PRNGKey(0), (5, DIM))
     n = jnp.array([0, 1, 4, 9, 7])
     f = in_mode(record, mode)
     for a, b in zip(f(x, n), record.reference(x, n)):
@@ -135,7 +129,7 @@ def test_masked_rows_match_python(mode):
 
 
 def test_masked_rows_saved_across_calls_match_python(mode):
-    x = normal(1, (4, DIM))
+    x = jax.random.normal(jax.random.PRNGKey(1), (4, DIM))
     d = jnp.array([0, 1, 3, 5])
     f = in_mode(saved_rows, mode)
     np.testing.assert_allclose(f(x, d), saved_rows.reference(x, d), rtol=1e-5, atol=1e-5)
