@@ -53,10 +53,9 @@ def _ar_cov(scales, rho):
 
 
 COV2 = _ar_cov([1.0, 2.0], 0.9)
-COV3 = _ar_cov([1.0, 0.3, 2.0], 0.5)
 COV4 = _ar_cov([1.0, 3.0, 0.5, 1.5], 0.9)
 COV5 = _ar_cov([1.0, 0.5, 2.0, 1.0, 0.25], 0.7)
-LOGP2, LOGP3, LOGP4, LOGP5 = _gaussian(COV2), _gaussian(COV3), _gaussian(COV4), _gaussian(COV5)
+LOGP2, LOGP4, LOGP5 = _gaussian(COV2), _gaussian(COV4), _gaussian(COV5)
 
 
 def _run_both(logdensity, x0, keys, step_size, inv_mass, args=None, **options):
@@ -119,9 +118,15 @@ def test_differential_2d_uturns_and_gradient_last():
     # Gradient-last runs the leaf block only with every unfinished chain there,
     # so it runs it as often as the chain that visits it most (each visit
     # evaluates one or two leaves; the visits do not depend on the scheduler).
-    visits = [t.blocks.count(last.scheduler.leaf) for t in last.reference_trace(*args)]
+    traces = last.reference_trace(*args)
+    visits = [t.blocks.count(last.scheduler.leaf) for t in traces]
     trace = last.trace(*args)  # GradientLast runs the leaf block once for every chain waiting there
     assert not trace.truncated and int(np.sum(trace.blocks == last.scheduler.leaf)) == max(visits) < sum(visits)
+    # sampler() sizes the stacks for max_tree_depth: the frames a chain needs (the stack
+    # program's own interpreter counts them) fit, and more than 2 are needed. (A machine
+    # compiled with 2 frames to see it overflow cost a NUTS compile: ~5 CPU-s.)
+    depth = max(t.max_depth for t in traces)
+    assert 2 < depth <= last.max_stack_depth == UTURNS_2D["max_tree_depth"] + 2, depth
 
 
 @pytest.mark.matrix  # four more compiled samplers; make test covers each idea elsewhere (above, the 5-d test, test_targets)
@@ -246,19 +251,25 @@ def _hashing_vector_kernels(hlo: str) -> list[str]:
     return found
 
 
-# The 5-d program: several leapfrogs per leaf, a step size per chain (chains
-# of very different trajectory lengths), run under GradientQuorum: make test's
-# only test of that scheduler (the default GradientLast's draws equal the
-# reference on the other differential programs here, on this one in the matrix).
-LEAPFROGS_5D = dict(num_samples=2, max_tree_depth=4, leapfrogs_per_leaf=4)
+# The 5-d program, one compiled machine for what were two (a 5-d and a 3-d divergence
+# program, ~6 CPU-s a compile): several leapfrogs per leaf, a step size and a mass
+# matrix per chain (chains of very different trajectory lengths), four leaves per step,
+# NumPyro's U-turn criterion and a low divergence threshold, run under GradientQuorum:
+# make test's only test of that scheduler and of four leaves per step (the default
+# GradientLast and two leaves per step run the 2-d and warm-up programs here, and this
+# one in the matrix). Small steps reach max_tree_depth, middle ones U-turn, the largest
+# diverge; each case is asserted.
+LEAPFROGS_5D = dict(num_samples=2, max_tree_depth=4, leapfrogs_per_leaf=4, leaves_per_step=4,
+                    max_delta_energy=5.0, uturn_criterion="numpyro")
 
 
 def _leapfrogs_5d_args():
-    chains = 4
+    steps = [0.02, 0.05, 0.1, 0.2, 0.6, 1.2]
+    chains = len(steps)
     x0 = jax.random.normal(jax.random.PRNGKey(2), (chains, 5))
-    step = jnp.asarray([0.02, 0.05, 0.1, 0.2])
-    inv_mass = jnp.asarray(np.diag(COV5), jnp.float32)
-    return nuts.prepare(x0, _keys(3, chains), step, inv_mass, LEAPFROGS_5D["num_samples"])[0]
+    scale = jnp.abs(jax.random.normal(jax.random.PRNGKey(5), (chains, 5))) + 0.5
+    inv_mass = jnp.asarray(np.diag(COV5), jnp.float32) * scale   # per chain
+    return nuts.prepare(x0, _keys(3, chains), jnp.asarray(steps), inv_mass, LEAPFROGS_5D["num_samples"])[0]
 
 
 def _check_leapfrogs_5d(out, ref):
@@ -266,16 +277,18 @@ def _check_leapfrogs_5d(out, ref):
     steps = np.asarray(out.info.num_integration_steps)
     assert np.all(steps % 4 == 0)
     depth = np.asarray(out.info.num_trajectory_expansions)
-    at_limit = ~np.asarray(out.info.is_turning) & ~np.asarray(out.info.is_divergent)
-    assert at_limit.any() and (~at_limit).any()               # some hit max_tree_depth, some U-turn
+    div, turning = np.asarray(out.info.is_divergent), np.asarray(out.info.is_turning)
+    at_limit = ~turning & ~div
+    assert at_limit.any() and turning.any() and div.any()    # some hit max_tree_depth, some U-turn, some diverge
     assert np.all(steps[at_limit] == 4 * 15) and np.all(depth[at_limit] == 4)   # 1 + 2 + 4 + 8 leaves
     assert np.all(depth <= 4)
+    assert not turning[div].any()
 
 
-def test_differential_5d_leapfrogs_per_leaf_per_chain_step_max_depth_under_gradient_quorum():
+def test_differential_5d_leapfrogs_per_leaf_per_chain_step_and_mass_divergences_under_gradient_quorum():
     out, ref, _ = _run_both(LOGP5, None, None, None, None, args=_leapfrogs_5d_args(),
                             schedule="gradient_quorum", **LEAPFROGS_5D)
-    assert isinstance(nuts.sampler(LOGP5, per_chain_step_size=True, schedule="gradient_quorum",
+    assert isinstance(nuts.sampler(LOGP5, per_chain_step_size=True, per_chain_mass=True, schedule="gradient_quorum",
                                    **LEAPFROGS_5D).scheduler, nuts.GradientQuorum)
     _check_leapfrogs_5d(out, ref)
 
@@ -286,48 +299,27 @@ def test_differential_5d_leapfrogs_per_leaf_under_gradient_last():
     _check_leapfrogs_5d(out, ref)
 
 
+@pytest.mark.matrix  # the two-leaf cell of the 5-d program (make test: four leaves, above)
+def test_differential_5d_leapfrogs_per_leaf_two_leaves_per_step():
+    out, ref, _ = _run_both(LOGP5, None, None, None, None, args=_leapfrogs_5d_args(),
+                            **dict(LEAPFROGS_5D, leaves_per_step=2))
+    _check_leapfrogs_5d(out, ref)
+
+
 def test_random_draws_are_hashed_once_per_chain_not_per_coordinate():
     # XLA fuses a chain's random flag into each [chains, dim] select that reads
     # it and recomputes the hash there per element (`trajectory.per_chain`).
     # The HLO of the 5-d test's machine, compiled once: lowering its runner
     # again reuses the executable JAX keeps for these arguments.
     args = _leapfrogs_5d_args()
-    prog = nuts.sampler(LOGP5, per_chain_step_size=True, schedule="gradient_quorum", **LEAPFROGS_5D)
+    prog = nuts.sampler(LOGP5, per_chain_step_size=True, per_chain_mass=True, schedule="gradient_quorum",
+                        **LEAPFROGS_5D)
     out, status = prog.checked(*args)
     assert not np.any(np.asarray(status.overflow)) and not np.any(np.asarray(status.unfinished))
     exe, inputs = prog.executable(*args)
     hlo = exe.runner.lower(inputs, exe.new_workspace()).compile().as_text()
     assert " xor(" in hlo  # the hashes are in the machine ...
     assert _hashing_vector_kernels(hlo) == []  # ... and none in a per-coordinate kernel
-
-
-DIVERGENCES = dict(num_samples=3, max_tree_depth=5, max_delta_energy=5.0, uturn_criterion="numpyro")
-
-
-def _divergences_3d():
-    chains = 4
-    x0 = jax.random.normal(jax.random.PRNGKey(4), (chains, 3))
-    inv_mass = jnp.abs(jax.random.normal(jax.random.PRNGKey(5), (chains, 3))) + 0.5
-    return nuts.prepare(x0, _keys(6, chains), 0.3, inv_mass, DIVERGENCES["num_samples"])[0]
-
-
-def test_differential_divergences_per_chain_mass_four_leaves_per_step():
-    # Four leaves per step: trees cut short by a divergence or a U-turn inside
-    # the unrolled bottom (the rest of its leaves wasted), the same draws. The
-    # default two leaves per step run the 2-d, 5-d and warm-up programs here,
-    # and this one in the matrix test below.
-    args = _divergences_3d()
-    out, ref, _ = _run_both(LOGP3, None, None, None, None, args=args, leaves_per_step=4, **DIVERGENCES)
-    _assert_same(out, ref)
-    div = np.asarray(out.info.is_divergent)
-    assert div.any() and not div.all()
-    assert not np.asarray(out.info.is_turning)[div].any()
-
-
-@pytest.mark.matrix  # the two-leaf cell of the divergence program (make test: four leaves, above)
-def test_differential_divergences_per_chain_mass_two_leaves_per_step():
-    out, ref, _ = _run_both(LOGP3, None, None, None, None, args=_divergences_3d(), **DIVERGENCES)
-    _assert_same(out, ref)
 
 
 def test_differential_warmup():
@@ -407,11 +399,6 @@ def test_sample_api_and_errors():
         nuts.sampler(LOGP2, num_samples=2, num_warmup=2, target_accept=1.5)
     with pytest.raises(ValueError, match="quorum"):
         nuts.GradientQuorum(3, quorum=0.0)
-    # sampler() sizes the stacks for max_tree_depth; a smaller machine overflows.
-    shallow = pcbatch.autobatch(nuts.sampler(LOGP2, num_samples=1, max_tree_depth=4).fn,
-                                in_axes=(0, 0, 0, None, None, 0, 0), max_stack_depth=2)
-    with pytest.raises(pcbatch.StackOverflowError):
-        shallow(*nuts.prepare(jnp.zeros((chains, 2)), typed, 0.01, None, 1)[0])
 
 
 # --------------------------------------------------------------------------
