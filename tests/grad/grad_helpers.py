@@ -63,24 +63,27 @@ def assert_close(got: Any, want: Any, rtol: float = RTOL, what: str = "") -> Non
 
 
 def check_vjp(f, args: Sequence[Any], positions: Sequence[int] | None = None, seed: int = 0,
-              rtol: float = RTOL, jit: bool = False, **kwargs) -> Any:
+              rtol: float = RTOL, jit: bool | tuple[bool, ...] = False, **kwargs) -> Any:
     """`jax.vjp` of `f` (autobatched) equals that of `f.reference` w.r.t. the
     arguments at `positions` (default: every argument with a float leaf).
-    Returns the autobatched gradients."""
+    `jit`: the autobatched vjp inside `jax.jit`; a tuple such as `(False, True)`
+    checks each mode in turn against one run of the reference (the oracle's
+    eager vjp costs seconds on long loops). Returns the autobatched gradients."""
     positions = float_positions(args) if positions is None else tuple(positions)
     assert positions, "nothing to differentiate"
     diff = [args[i] for i in positions]
     want_out, want_pull = jax.vjp(partial_args(f.reference, args, positions, **kwargs), *diff)
     ct = random_cotangent(want_out, seed)
     want = want_pull(ct)
-    if jit:
-        got_out, got = jax.jit(lambda d, c: (lambda o, p: (o, p(c)))(*jax.vjp(
-            partial_args(f, args, positions, **kwargs), *d)))(diff, ct)
-    else:
-        got_out, pull = jax.vjp(partial_args(f, args, positions, **kwargs), *diff)
-        got = pull(ct)
-    assert_close(got_out, want_out, what="primal")
-    assert_close(got, want, rtol=rtol, what="cotangents")
-    for g in tree_leaves(got):
-        assert np.all(np.isfinite(np.asarray(g))) or np.asarray(g).dtype == jax.dtypes.float0
+    for jitted in (jit if isinstance(jit, tuple) else (jit,)):
+        if jitted:
+            got_out, got = jax.jit(lambda d, c: (lambda o, p: (o, p(c)))(*jax.vjp(
+                partial_args(f, args, positions, **kwargs), *d)))(diff, ct)
+        else:
+            got_out, pull = jax.vjp(partial_args(f, args, positions, **kwargs), *diff)
+            got = pull(ct)
+        assert_close(got_out, want_out, what=f"primal (jit={jitted})")
+        assert_close(got, want, rtol=rtol, what=f"cotangents (jit={jitted})")
+        for g in tree_leaves(got):
+            assert np.all(np.isfinite(np.asarray(g))) or np.asarray(g).dtype == jax.dtypes.float0
     return got
