@@ -47,7 +47,7 @@ from pcbatch.ir.core import (
 from pcbatch.ir.printer import format_type
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.ir.weak import as_typed, is_weak
-from pcbatch.runtime.lanes import cast_to, zeros_of
+from pcbatch.runtime.lanes import cast_to, where, zeros_of
 from pcbatch.runtime.stacks import StackLayout
 
 tree_map = jax.tree_util.tree_map
@@ -214,21 +214,23 @@ def no_writes(stacks: dict[str, Any], lanes: int, depth: int) -> dict[str, tuple
 def execute(block: Block, stack_of: dict[str, str], stacks: dict[str, Any], types: Any,
             read: Callable, top: Callable, join: Callable | None, rows: Rows, codes: Codes,
             depth: int, lanes: int, prims: dict[int, Any] | None = None, launch: Callable | None = None,
-            index: int | None = None) -> Ran:
+            index: int | None = None, writes: dict[str, tuple[jax.Array, Any]] | None = None) -> Ran:
     """Run `block` (block `index` of its program: a `Fail` halts lanes at
     `codes.failed + index`) on `lanes` rows (see `Rows`, `Ran`). `read(v)`
     gives a variable's `(value, batched)` before the block, `top(s)` stack
     `s`'s top, `join(op)` a Join's children's return values; `depth` is the
-    stacks' depth (a pointer reaching it overflows)."""
+    stacks' depth (a pointer reaching it overflows). `writes`: the write requests
+    of stacks the block does not push (default `no_writes`; a caller running every
+    block on the same rows makes them once)."""
     idx = index_dtype()
     valid = rows.valid
     env, pushed = block_dataflow(block, stack_of, read, top, join, types, lanes, prims, launch)
-    writes = no_writes(stacks, lanes, depth)
+    writes = dict(no_writes(stacks, lanes, depth) if writes is None else writes)
     sps = dict(rows.sps)
     for s, (_, w, d) in stack_offsets(block, stack_of).items():
         if w is not None:
-            writes[s] = (jnp.where(valid, sps[s] + w, depth), pushed[s])
-        sps[s] = jnp.where(valid, sps[s] + d, sps[s])
+            writes[s] = (where(valid, sps[s] + w, depth), pushed[s])
+        sps[s] = where(valid, sps[s] + d, sps[s])
 
     term = block.term
     no = jnp.zeros((lanes,), bool)
@@ -240,31 +242,31 @@ def execute(block: Block, stack_of: dict[str, str], stacks: dict[str, Any], type
         cond = env[term.cond] if term.cond in env else read(term.cond)[0]
         cond = jnp.broadcast_to(jnp.asarray(cond) != 0, (lanes,))
         true, false = (term.true, term.false) if isinstance(term, Branch) else (term.target, term.false)
-        pc = jnp.where(cond, true, false).astype(idx)
+        pc = where(cond, true, false).astype(idx)
     elif isinstance(term, PushJump):
         overflow = valid & (pc_sp >= depth)
         ok = valid & ~overflow
-        pc_write = (jnp.where(ok, pc_sp, depth), jnp.full((lanes,), term.ret, idx))
+        pc_write = (where(ok, pc_sp, depth), jnp.full((lanes,), term.ret, idx))
         pc_sp = pc_sp + ok
         # An overflowing child finishes (poisoned): its parent must not wait forever.
         finished = overflow & rows.child
-        pc = jnp.where(overflow, jnp.where(rows.child, codes.done, codes.overflowed), term.target).astype(idx)
+        pc = where(overflow, where(rows.child, codes.done, codes.overflowed), term.target).astype(idx)
     elif isinstance(term, Return):
         if pc_sp is None:  # no calls: every Return ends the example
             bottom = jnp.ones((lanes,), bool)
             pc = jnp.full((lanes,), codes.halt, idx)
         else:
             bottom = pc_sp <= 1  # slot 0 belongs to the bottom frame and is never read
-            pc = jnp.where(bottom, codes.halt, rows.pc_top).astype(idx)
-            pc_sp = jnp.where(valid & ~bottom, pc_sp - 1, pc_sp)
+            pc = where(bottom, codes.halt, rows.pc_top).astype(idx)
+            pc_sp = where(valid & ~bottom, pc_sp - 1, pc_sp)
         finished = valid & bottom & rows.child
-        pc = jnp.where(finished, codes.done, pc).astype(idx)
+        pc = where(finished, codes.done, pc).astype(idx)
     elif isinstance(term, Fail):
         if index is None:
             raise ValueError("a block ending in Fail runs only with its index")
         # A child finishes (its example is flagged by the pool); any other lane halts, failed.
         finished = valid & rows.child
-        pc = jnp.broadcast_to(jnp.where(rows.child, codes.done, codes.failed + index), (lanes,)).astype(idx)
+        pc = jnp.broadcast_to(where(rows.child, codes.done, codes.failed + index), (lanes,)).astype(idx)
     elif not isinstance(term, Fork):
         raise TypeError(f"unknown terminator {term!r}")
     return Ran(env, pc, sps, pc_sp, writes, pc_write, overflow, finished)

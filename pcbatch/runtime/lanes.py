@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from pcbatch.runtime.dtypes import index_dtype
@@ -66,6 +67,39 @@ def with_columns(table: jax.Array, values: dict[int, Any]) -> jax.Array:
     return lax.concatenate(parts, last) if len(parts) > 1 else parts[0]
 
 
+def where(cond: Any, x: Any, y: Any) -> jax.Array:
+    """`jnp.where(cond, x, y)` as one `select`: `jnp.where` is a jitted function, a nested
+    call in the jaxpr with several operations inside, and the machines make hundreds of
+    them (each lowered and inlined again)."""
+    dtype, weak = jax.dtypes.result_type(x, y, return_weak_type_flag=True)
+    if weak:  # jnp.where's result keeps the weak type (a rare case here)
+        return jnp.where(cond, x, y)
+    cond = jnp.asarray(cond)
+    if cond.dtype != jnp.bool_:
+        cond = cond != 0
+    shape = jnp.broadcast_shapes(cond.shape, np.shape(x), np.shape(y))
+    return lax.select(_shaped(cond, shape), _shaped(_typed(x, dtype), shape), _shaped(_typed(y, dtype), shape))
+
+
+def _typed(v: Any, dtype: Any) -> Any:
+    if not isinstance(v, jax.core.Tracer):
+        return np.asarray(v, dtype)  # a constant: converted now, not in the program
+    return v if v.dtype == dtype and not v.weak_type else lax.convert_element_type(v, dtype)
+
+
+def _shaped(v: Any, shape: tuple[int, ...]) -> Any:
+    return v if np.shape(v) == shape else jnp.broadcast_to(v, shape)
+
+
+def as_index(x: Any, lanes: int) -> jax.Array:
+    """`x` as `lanes` lane-table integers (index dtype, not weakly typed): branches of one
+    switch must return the same types."""
+    x = jnp.asarray(x)
+    if x.dtype != index_dtype() or getattr(x, "weak_type", False):
+        x = lax.convert_element_type(x, index_dtype())
+    return x if x.shape == (lanes,) else jnp.broadcast_to(x, (lanes,))
+
+
 def column(table: jax.Array, c: int) -> jax.Array:
     """Column `c` of `table` (last axis), without numpy-style indexing's tracing cost."""
     return lax.index_in_dim(table, c, axis=table.ndim - 1, keepdims=False)
@@ -73,7 +107,7 @@ def column(table: jax.Array, c: int) -> jax.Array:
 
 def select_where(mask: jax.Array, new: Any, old: Any) -> Any:
     def leaf(n, o):
-        return jnp.where(mask.reshape(mask.shape + (1,) * (o.ndim - 1)), n, o)
+        return where(mask.reshape(mask.shape + (1,) * (o.ndim - 1)), n, o)
     return tree_map(leaf, new, old)
 
 

@@ -32,7 +32,7 @@ from pcbatch.runtime.loop import block_in, while_loop_recorded
 from pcbatch.runtime.stacks import StackLayout
 from pcbatch.runtime.state import MachineState
 from pcbatch.ir.weak import as_typed, is_weak
-from pcbatch.runtime.lanes import DROP, cast_to, first_true, select_where, zeros_of
+from pcbatch.runtime.lanes import DROP, FILL, cast_to, first_true, select_where, where, zeros_of
 from pcbatch.ir.core import (
     CONSTANT,
     INVARIANT,
@@ -142,7 +142,7 @@ class Machine:
                 regs[v] = cast_to(x, types[v], L)
         pc = jnp.full((L,), self.prog.entry_block, idx)
         if active is not None:  # padding examples start halted: they never run a block
-            pc = jnp.where(active, pc, self.halt)
+            pc = where(active, pc, self.halt)
         calls = self.prog.has_calls
         return MachineState(
             pc=pc,
@@ -203,7 +203,7 @@ class Machine:
             for v, x in ran.env.items():
                 if v in regs:
                     regs[v] = x if v in clean else select_where(active, x, regs[v])
-            lane_state.update(pc=jnp.where(active, ran.pc, lane_state["pc"]), regs=regs, sps=self.layout.shared(ran.sps))
+            lane_state.update(pc=where(active, ran.pc, lane_state["pc"]), regs=regs, sps=self.layout.shared(ran.sps))
             if prog.has_calls:
                 lane_state["pc_sp"] = ran.pc_sp
             return lane_state, writes
@@ -244,7 +244,8 @@ class Machine:
 
     def _tops(self, stacks: dict[str, Any], sps: dict[str, jax.Array], names) -> dict[str, Any]:
         """Each stack in `names`: its top frame per lane (row `sp - 1`; row 0 when empty)."""
-        return {s: tree_map(lambda a: a[jnp.maximum(sps[s] - 1, 0), self.lane_ids], stacks[s]) for s in names}
+        return {s: tree_map(lambda a: a.at[jnp.maximum(sps[s] - 1, 0), self.lane_ids].get(**FILL, fill_value=0),
+                            stacks[s]) for s in names}
 
     def _write(self, stack: Any, row: jax.Array, value: Any) -> Any:
         """`stack` with each lane's `value` at its `row` (row `D`: no write)."""
@@ -384,7 +385,7 @@ class Machine:
         result = final.regs[self.prog.result]
         pc = final.pc
         failed_at = self.codes.failed
-        failed = jnp.where(pc >= failed_at, pc - failed_at + 1, 0).astype(index_dtype())
+        failed = where(pc >= failed_at, pc - failed_at + 1, 0).astype(index_dtype())
         status = Status(pc == self.overflowed, pc < self.halt, pc, final.steps, final.depth,
                         jnp.asarray(self.lanes, index_dtype()), failed)
         pc_stack = final.pc_stack if final.pc_stack is not None else workspace["pc_stack"]

@@ -37,6 +37,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from pcbatch.fsm.base import Frontier, bind
@@ -60,11 +61,11 @@ from pcbatch.ir.core import (
 )
 from pcbatch.ir.flow import lane_successors, return_targets
 from pcbatch.ir.jaxtypes import type_key
-from pcbatch.runtime.block import Codes, Rows, execute
+from pcbatch.runtime.block import Codes, Rows, execute, no_writes
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.state import FreeLanes, LaneColumns, PoolState, Queues
-from pcbatch.runtime.lanes import (DROP, FILL, cast_to, column, gather_rows, pad_rows, scatter_rows, with_columns,
-                                   zeros_of)
+from pcbatch.runtime.lanes import (DROP, FILL, as_index, cast_to, column, gather_rows, pad_rows, scatter_rows,
+                                   where, with_columns, zeros_of)
 from pcbatch.runtime.config import MachineConfig, Status
 from pcbatch.runtime.loop import block_in, while_loop_recorded
 from pcbatch.runtime.stacks import StackLayout
@@ -86,9 +87,14 @@ def ranks_by(dest: jax.Array, targets: list[int], num_blocks: int) -> tuple[jax.
 
 def slot_of(dest: jax.Array, targets: list[int], none: int | None = None) -> jax.Array:
     """Each row's place among `targets`; `none` (default `len(targets)`) where it names none of them."""
-    slot = jnp.full(dest.shape, len(targets) if none is None else none, dest.dtype)
+    none = len(targets) if none is None else none
+    if len(targets) > 2:  # one gather from a table, not a compare and select per target
+        table = np.full(max(targets) + 1, none, dest.dtype)
+        table[targets] = np.arange(len(targets))
+        return jnp.asarray(table).at[dest].get(**FILL, fill_value=none)
+    slot = jnp.full(dest.shape, none, dest.dtype)
     for k, t in enumerate(targets):
-        slot = jnp.where(dest == t, k, slot)
+        slot = where(dest == t, k, slot)
     return slot
 
 
@@ -105,19 +111,21 @@ def ranks_by_slot(slot: jax.Array, successors: jax.Array, num_blocks: int) -> tu
     words = -(-num // per_word)
     valid = slot < num
     place = jnp.minimum(slot, num - 1).astype(jnp.int32)
-    word, shift = place // per_word, (place % per_word) * bits
-    ones = jnp.where((jnp.arange(words, dtype=jnp.int32)[:, None] == word[None, :]) & valid[None, :],
-                     jnp.left_shift(jnp.int32(1), shift)[None, :], 0)
+    # Non-negative operands: `lax.div`/`lax.rem` are one operation each (`//` and `%` follow
+    # Python's signs, several each).
+    word, shift = lax.div(place, np.int32(per_word)), lax.rem(place, np.int32(per_word)) * bits
+    ones = where((jnp.arange(words, dtype=jnp.int32)[:, None] == word[None, :]) & valid[None, :],
+                 jnp.left_shift(jnp.int32(1), shift)[None, :], 0)
     before = jnp.cumsum(ones, axis=1, dtype=jnp.int32)
     mine = jnp.take_along_axis(before, word[None, :], axis=0)[0] if words > 1 else before[0]
     mask = (1 << bits) - 1
-    rank = jnp.where(valid, (jnp.right_shift(mine, shift) & mask) - 1, 0).astype(idx)
-    dest = jnp.where(valid, successors[place], num_blocks).astype(idx)
-    k = jnp.arange(num, dtype=jnp.int32)
+    rank = where(valid, (jnp.right_shift(mine, shift) & mask) - 1, 0).astype(idx)
+    dest = where(valid, successors[place], num_blocks).astype(idx)
+    k = np.arange(num, dtype=np.int32)
     per_place = (jnp.right_shift(before[k // per_word, -1], (k % per_word) * bits) & mask).astype(idx)
     # Per block, the rows bound for it (no scatter: a few slots by a few blocks).
-    added = jnp.sum(jnp.where(successors[:, None] == jnp.arange(num_blocks, dtype=idx)[None, :],
-                              per_place[:, None], 0), axis=0, dtype=idx)
+    added = jnp.sum(where(successors[:, None] == jnp.arange(num_blocks, dtype=idx)[None, :],
+                          per_place[:, None], 0), axis=0, dtype=idx)
     return dest, rank, added
 
 
@@ -263,12 +271,12 @@ class PoolMachine:
         lane = workspace["lane"].at[:B].set(roots)
         entry, nb = self.prog.entry_block, self.prog.num_blocks
         running = jnp.ones((B,), bool) if active is None else active  # padding examples start halted
-        slot = jnp.where(running, jnp.cumsum(running, dtype=idx) - 1, M)
+        slot = where(running, jnp.cumsum(running, dtype=idx) - 1, M)
         # The free stack's top is its last slot: lane B is taken first.
         free_lanes = workspace["free"].at[:M - B].set(jnp.arange(M - 1, B - 1, -1, dtype=idx))
         queues = Queues(workspace["queues"].at[entry, slot].set(examples, **DROP), jnp.zeros((nb,), idx),
                         jnp.zeros((nb,), idx).at[entry].set(jnp.sum(running, dtype=idx)))
-        pc = jnp.full((M,), self.free, idx).at[:B].set(jnp.where(running, entry, self.halt))
+        pc = jnp.full((M,), self.free, idx).at[:B].set(where(running, entry, self.halt))
         return PoolState(
             # Every pc is set, but written into the workspace's buffer: a fresh array would be the
             # call's temporary memory (what test_pool_workspace.py measures), not the donated one.
@@ -292,8 +300,8 @@ class PoolMachine:
         order, then `lanes` (none)."""
         M, W, q = self.lanes, self.width, state.queues
         k = jnp.arange(W, dtype=q.head.dtype)
-        ids = q.lanes[block, (q.head[block] + k) % M]
-        return jnp.where(k < q.count[block], ids, M)
+        ids = q.lanes[block, lax.rem(q.head[block] + k, k.dtype.type(M))]
+        return where(k < q.count[block], ids, M)
 
     def child_rows(self, parents: jax.Array, depth: jax.Array, example: jax.Array) -> jax.Array:
         """Lane-table rows of children started by `parents` (any shape): a
@@ -314,16 +322,20 @@ class PoolMachine:
         idx = index_dtype()
 
         def run(view: dict[str, Any]) -> dict[str, Any]:
-            ids = view["ids"][:W]
-            valid = ids < M
-            own = view["lane"].at[ids].get(**FILL, fill_value=0)
-            get = lambda name: column(own, getattr(col, name))  # noqa: E731
-            sps = {s: column(own, col.sp[s]) for s in self.stacks}
+            # The rows, their lane-table rows and columns, and the outputs of a block that
+            # does not do a thing (spawn, free, push a pc...) come from the step, made once
+            # for all blocks: each branch computes only what its block changes.
+            rows, nothing = view["rows"], view["nothing"]
+            if W < N:
+                rows = tree_map(lambda x: x[:W], rows)
+            ids, valid, own, cols = rows["ids"], rows["valid"], rows["own"], list(rows["cols"])
+            get = lambda name: cols[getattr(col, name)]  # noqa: E731
+            sps = {s: cols[col.sp[s]] for s in self.stacks}
             changes: dict[str, jax.Array] = {"depth": get("depth") + 1}
-            pc_write = (jnp.full((W,), D, idx), jnp.zeros((W,), idx))
-            freed = jnp.full((W * K,), M, idx)
-            spawned = (jnp.full((W * K,), M, idx), jnp.zeros((W * K, col.count), idx), jnp.zeros((W * K,), idx))
-            used = jnp.zeros((), idx)  # free lanes taken
+            pc_write = None
+            freed = None
+            spawned = None
+            used = nothing["used"]  # free lanes taken
 
             loaded: dict[str, Any] = {}  # registers and invariants, gathered once
 
@@ -349,10 +361,10 @@ class PoolMachine:
                     when = valid if op.when is None else valid & jnp.broadcast_to(
                         jnp.asarray(read(op.when)[0]) != 0, (W,))
                     took = when & (head < M)
-                    taken["head"] = jnp.where(took, view["lane"].at[head, col.sibling].get(
+                    taken["head"] = where(took, view["lane"].at[head, col.sibling].get(
                         **FILL, fill_value=M), head)
-                    taken["freed"].append(jnp.where(took, head, M))
-                    taken["poison"] = taken["poison"] | jnp.where(took, view["lane"].at[head, col.poison].get(
+                    taken["freed"].append(where(took, head, M))
+                    taken["poison"] = taken["poison"] | where(took, view["lane"].at[head, col.poison].get(
                         **FILL, fill_value=0), 0)
                     return {op.out: cast_to(gather_rows(view["regs"][op.ret], head), types[op.out], None),
                             op.flag: head < M}
@@ -376,10 +388,10 @@ class PoolMachine:
             if isinstance(block.term, Return):
                 pc_top = view["pc_stack"].at[jnp.maximum(pc_sp - 1, 0), ids].get(**FILL, fill_value=self.halt)
             ran = execute(block, self.stack_of, self.stacks, types, load, top, join,
-                          Rows(valid, sps, pc_sp, pc_top, child), self.codes, D, W, launch=launch, index=b)
+                          Rows(valid, sps, pc_sp, pc_top, child), self.codes, D, W, launch=launch, index=b,
+                          writes=nothing["stack_writes"] if W == N else None)
             stack_writes = ran.stack_writes
-            if ran.pc_write is not None:
-                pc_write = ran.pc_write
+            pc_write = ran.pc_write
             changes["pc_sp"] = ran.pc_sp
             changes["poison"] = get("poison") | ran.overflow
             if block.ops and isinstance(block.ops[0], Join):
@@ -387,18 +399,18 @@ class PoolMachine:
                 for k in range(len(block.ops[0].rets)):
                     changes["poison"] = changes["poison"] | view["lane"].at[kids[:, k], col.poison].get(
                         **FILL, fill_value=0)
-                freed = jnp.where(valid[:, None], kids, M).reshape(-1)
+                freed = where(valid[:, None], kids, M).reshape(-1)
 
-            link = (jnp.full((W,), M, idx), jnp.full((W,), M, idx))  # (lane, its new next sibling)
+            link = None  # (lane, its new next sibling)
             launch_params: dict[str, tuple[jax.Array, Any]] = {}
             if taken["head"] is not None:  # the block collected: the list's new head, the children freed
                 changes["kid_head"] = taken["head"]
-                changes["kid_tail"] = jnp.where(taken["head"] == M, M, get("kid_tail"))
+                changes["kid_tail"] = where(taken["head"] == M, M, get("kid_tail"))
                 changes["poison"] = changes["poison"] | taken["poison"]
                 freed = pad_rows(jnp.stack(taken["freed"], 1).reshape(-1), W * K, M)
 
             term, pc = block.term, ran.pc
-            kid_dest = jnp.full((W * K,), nb, idx)
+            kid_dest = None
             if b in self.launches:
                 # Each row takes one free lane per Launch, in (row, launch) order,
                 # until none is left; a row that misses one stops launching
@@ -409,17 +421,17 @@ class PoolMachine:
                 want = jnp.broadcast_to((valid & ~stalled)[:, None], (W, L))
                 rank = jnp.cumsum(want.reshape(-1), dtype=idx).reshape(W, L) - 1
                 granted = want & (rank < view["free_top"])
-                kids = jnp.where(granted, view["free"][jnp.clip(rank, 0, W * K - 1)], M)
+                kids = where(granted, view["free"][jnp.clip(rank, 0, W * K - 1)], M)
                 got = jnp.sum(granted, axis=1, dtype=idx)
                 used = jnp.sum(got, dtype=idx)
                 changes["stalled"] = (stalled | (valid & ~stalled & (got < L))).astype(idx)
                 first, last = kids[:, 0], kids[jnp.arange(W), jnp.maximum(got - 1, 0)]
                 old_head, old_tail = get("kid_head"), get("kid_tail")
                 some = got > 0
-                changes["kid_head"] = jnp.where(some & (old_head == M), first, old_head)
-                changes["kid_tail"] = jnp.where(some, last, old_tail)
+                changes["kid_head"] = where(some & (old_head == M), first, old_head)
+                changes["kid_tail"] = where(some, last, old_tail)
                 changes["pending"] = get("pending") + got
-                link = (jnp.where(some, old_tail, M), first)
+                link = (where(some, old_tail, M), first)
                 rows = self.child_rows(jnp.broadcast_to(ids[:, None], (W, L)),
                                        jnp.broadcast_to(changes["depth"][:, None], (W, L)),
                                        jnp.broadcast_to(get("example")[:, None], (W, L)))
@@ -430,11 +442,11 @@ class PoolMachine:
                 kids_k = jnp.pad(kids, pad, constant_values=M).reshape(-1)
                 spawned = (kids_k, jnp.pad(rows, pad + ((0, 0),)).reshape(W * K, -1),
                            jnp.pad(starts, pad).reshape(-1))
-                kid_dest = jnp.where(kids_k < M, spawned[2], nb)
+                kid_dest = where(kids_k < M, spawned[2], nb)
                 for p in self.launch_params:
                     if b not in self.launch_params[p]:
                         continue
-                    lanes_p = jnp.stack([jnp.where(granted[:, j], kids[:, j], M) if p in vals
+                    lanes_p = jnp.stack([where(granted[:, j], kids[:, j], M) if p in vals
                                          else jnp.full((W,), M, idx) for j, (_, vals) in enumerate(launched)], 1)
                     vals_p = [vals.get(p, zeros_of(types[p], (W,))) for _, vals in launched]
                     values = tree_map(lambda *xs: jnp.stack(xs, 1), *vals_p)
@@ -443,17 +455,18 @@ class PoolMachine:
                                             (W * K,) + x.shape[2:]), values))
             if isinstance(term, Await):
                 waiting = get("pending") > 0
-                pc = jnp.where(waiting, -1 - pc, pc).astype(idx)
+                pc = where(waiting, -1 - pc, pc).astype(idx)
                 changes["stalled"] = jnp.zeros((W,), idx)
             if isinstance(term, Fork):
                 k = len(term.calls)
-                room = view["free_top"] // k
+                room = lax.div(view["free_top"], idx.type(k))
                 can = valid & (jnp.arange(W, dtype=idx) < room)  # valid rows come first, in order
                 used = jnp.sum(can, dtype=idx) * k
-                kids = jnp.where(can[:, None], view["free"][:W * k].reshape(W, k), M)
+                kids = where(can[:, None], view["free"][:W * k].reshape(W, k), M)
                 kids = jnp.pad(kids, ((0, 0), (0, K - k)), constant_values=M)
-                own = with_columns(own, {c: kids[:, j] for j, c in enumerate(col.kid_columns)})
-                changes["pending"] = jnp.where(can, k, get("pending"))
+                for j, c in enumerate(col.kid_columns):
+                    cols[c] = kids[:, j]
+                changes["pending"] = where(can, k, get("pending"))
                 # The children's rows: a fresh bottom frame, this lane as parent.
                 rows = self.child_rows(jnp.broadcast_to(ids[:, None], (W, K)),  # the Fork's successors' depth
                                        jnp.broadcast_to(changes["depth"][:, None], (W, K)),
@@ -461,53 +474,74 @@ class PoolMachine:
                 starts = jnp.array([c.target for c in term.calls] + [0] * (K - k), idx)
                 starts = jnp.broadcast_to(starts, (W, K))
                 spawned = (kids.reshape(-1), rows.reshape(W * K, -1), starts.reshape(-1))
-                kid_dest = jnp.where(kids < M, starts, nb).reshape(-1)
-                pc = jnp.where(can, -1 - term.join, term.seq).astype(idx)
+                kid_dest = where(kids < M, starts, nb).reshape(-1)
+                pc = where(can, -1 - term.join, term.seq).astype(idx)
             finished = ran.finished
             if b in self.stoppers:  # once it holds no children, a lane of a failed example stops here
                 stop = (valid & (view["failed"].at[get("example")].get(**FILL, fill_value=0) != 0)
                         & (get("pending") == 0) & (get("kid_head") == M))
-                pc = jnp.where(stop, jnp.where(child, self.done, self.halt), pc).astype(idx)
+                pc = where(stop, where(child, self.done, self.halt), pc).astype(idx)
                 finished = finished | (stop & child)
-            decrement = jnp.where(valid & finished, get("parent"), M)
+            decrement = where(valid & finished, get("parent"), M)
 
             # Queue every lane that waits somewhere next: the rows at their
             # new pcs, then a Fork's children at their entries. Each row names its queue by
             # its place among the block's successors; the step ranks them after the switch.
-            dest = jnp.where(valid & (pc >= 0), pc, nb)  # a blocked row (pc < 0) waits on no queue
-            dest = jnp.concatenate([pad_rows(dest, N, nb), pad_rows(kid_dest, N * K, nb)])
-            slot = slot_of(dest, self.successors[b], self.num_slots)
+            dest = where(valid & (pc >= 0), pc, nb)  # a blocked row (pc < 0) waits on no queue
+            slot = slot_of(pad_rows(dest, N, nb), self.successors[b], self.num_slots)
+            kid_slot = nothing["kid_slot"] if kid_dest is None else \
+                slot_of(pad_rows(kid_dest, N * K, nb), self.successors[b], self.num_slots)
 
-            own = with_columns(own, {**{getattr(col, name): x for name, x in changes.items()},
-                                     **{col.sp[s]: ran.sps[s] for s in self.stacks}})
+            for name, x in changes.items():
+                cols[getattr(col, name)] = x
+            for s in self.stacks:
+                cols[col.sp[s]] = ran.sps[s]
             # Every branch returns the same structure: its registers' new values in their slots
             # (`_share_out_slots`), zeros in the slots it does not write.
-            slots = [[zeros_of(t, (W,)) for _ in range(n)] for t, n in self.slot_types]
+            slots = [list(kind) for kind in nothing["slots"]]
             for v, (kind, k) in self.out_slots.items():
                 if b in self.writers[v]:
-                    slots[kind][k] = cast_to(ran.env[v], types[v], None)
-            out = {"pc": pc, "lane": own, "slots": slots, "stack_values": {s: x for s, (_, x) in stack_writes.items()},
-                   "pc_value": pc_write[1]}
-            out = tree_map(lambda x: pad_rows(x, N), out)
+                    slots[kind][k] = tree_map(lambda x: pad_rows(x, N), cast_to(ran.env[v], types[v], None))
             # Padding rows: no lane (M), no stack row (D); their values are dropped.
-            out["spawn_rows"] = pad_rows(spawned[1], N * K)
-            out["spawn_starts"] = pad_rows(spawned[2], N * K)
-            out["decrement"] = pad_rows(decrement, N, M)
-            out["stack_rows"] = {s: pad_rows(row, N, D) for s, (row, _) in stack_writes.items()}
-            out["pc_row"] = pad_rows(pc_write[0], N, D)
-            out["freed"] = pad_rows(freed, N * K, M)
-            out["spawn_lanes"] = pad_rows(spawned[0], N * K, M)
-            out["link"] = tuple(pad_rows(x, N, M) for x in link)
+            out = {"pc": pad_rows(pc, N), "cols": tuple(pad_rows(as_index(x, W), N) for x in cols), "slots": slots,
+                   "stack_values": {s: tree_map(lambda x: pad_rows(x, N), x) for s, (_, x) in stack_writes.items()},
+                   "stack_rows": {s: pad_rows(row, N, D) for s, (row, _) in stack_writes.items()},
+                   "decrement": pad_rows(decrement, N, M),
+                   "slot": jnp.concatenate([slot, kid_slot]), "used": used}
+            if pc_write is None:
+                out["pc_row"], out["pc_value"] = nothing["pc_row"], nothing["pc_value"]
+            else:
+                out["pc_row"], out["pc_value"] = pad_rows(pc_write[0], N, D), pad_rows(pc_write[1], N)
+            out["freed"] = nothing["freed"] if freed is None else pad_rows(freed, N * K, M)
+            if spawned is None:
+                out["spawn_lanes"], out["spawn_rows"], out["spawn_starts"] = nothing["spawned"]
+            else:
+                out["spawn_lanes"] = pad_rows(spawned[0], N * K, M)
+                out["spawn_rows"], out["spawn_starts"] = pad_rows(spawned[1], N * K), pad_rows(spawned[2], N * K)
+            out["link"] = nothing["link"] if link is None else tuple(pad_rows(x, N, M) for x in link)
             # Per parameter any Launch assigns: (child lanes, values); none where this block does not.
             out["launch_params"] = {
                 p: (pad_rows(launch_params[p][0], N * K, M),
                     tree_map(lambda x: pad_rows(x, N * K), launch_params[p][1]))
-                if p in launch_params else (jnp.full((N * K,), M, idx), zeros_of(types[p], (N * K,)))
+                if p in launch_params else nothing["launch_params"][p]
                 for p in self.launch_params}
-            out.update(slot=slot, used=used)
             return out
 
         return run
+
+    def nothing_outputs(self) -> dict[str, Any]:
+        """A step's outputs where its block does not do that thing (push a pc, spawn, free,
+        link, launch, write a slot or a stack), at the widest width: made once, outside
+        the step's switch, so that no branch builds its own copies."""
+        M, D, K, N, col, idx = self.lanes, self.depth, self.fan, self.width, self.col, index_dtype()
+        no_kids = jnp.full((N * K,), M, idx)
+        return {"pc_row": jnp.full((N,), D, idx), "pc_value": jnp.zeros((N,), idx), "freed": no_kids,
+                "spawned": (no_kids, jnp.zeros((N * K, col.count), idx), jnp.zeros((N * K,), idx)),
+                "link": (jnp.full((N,), M, idx),) * 2, "used": jnp.zeros((), idx),
+                "kid_slot": jnp.full((N * K,), self.num_slots, idx),
+                "stack_writes": no_writes(self.stacks, N, D),
+                "slots": [[zeros_of(t, (N,))] * n for t, n in self.slot_types],
+                "launch_params": {p: (no_kids, zeros_of(self.prog.var_types[p], (N * K,))) for p in self.launch_params}}
 
     # --- the loop --------------------------------------------------------
 
@@ -542,7 +576,7 @@ class PoolMachine:
             """Append `lanes` to the queues `dest` (rows elsewhere are dropped)
             at their `rank`s; `added` counts them per block."""
             to = jnp.minimum(dest, nb - 1)
-            pos = (queues.head[to] + queues.count[to] + rank) % M
+            pos = lax.rem(queues.head[to] + queues.count[to] + rank, rank.dtype.type(M))
             return queues._replace(lanes=queues.lanes.at[dest, pos].set(lanes, **DROP),
                                    count=queues.count + added)
 
@@ -559,10 +593,10 @@ class PoolMachine:
                     & (lane.at[parent, col.pending].get(**FILL, fill_value=1) == 0)
                     & (pc.at[parent].get(**FILL, fill_value=0) < 0))  # a launching parent may not wait yet
             join = -1 - pc.at[parent].get(**FILL, fill_value=0)
-            dest = jnp.where(woke, join, nb)
+            dest = where(woke, join, nb)
             rank, added = ranks_by(dest, self.joins, nb)
             queues = enqueue(queues, parent, dest, rank, added)
-            pc = pc.at[jnp.where(woke, parent, M)].set(join, **DROP)
+            pc = pc.at[where(woke, parent, M)].set(join, **DROP)
             return lane, claim, queues, pc
 
         def spawn(pc, lane, kid, starts, rows, link):
@@ -572,12 +606,13 @@ class PoolMachine:
 
         def release(free: FreeLanes, pc, freed):
             back = freed < M
-            slot = jnp.where(back, free.top + jnp.cumsum(back, dtype=pc.dtype) - 1, M)
+            slot = where(back, free.top + jnp.cumsum(back, dtype=pc.dtype) - 1, M)
             free = FreeLanes(free.lanes.at[slot].set(freed, **DROP), free.top + jnp.sum(back, dtype=pc.dtype))
             return free, pc.at[freed].set(self.free, **DROP)
 
         masked = self.masked
         no_lane = jnp.asarray(M, index_dtype())
+        nothing = self.nothing_outputs()
 
         def gate(on: jax.Array, run, skip, *operands):
             """`run(*operands)` where `on`, else `skip`: a `lax.cond`, or (masked) `run`
@@ -586,29 +621,33 @@ class PoolMachine:
             return run(*operands) if masked else lax.cond(on, run, skip, *operands)
 
         def only(on: jax.Array, lanes: jax.Array, none: Any = no_lane) -> jax.Array:
-            return jnp.where(on, lanes, none) if masked else lanes
+            return where(on, lanes, none) if masked else lanes
 
         def step(state: PoolState, observe):
             pc, queues = state.pc, state.queues
             count = queues.count
             # Only the schedulers that look at every lane read these (XLA drops them otherwise).
-            sched_pc = jnp.where((pc >= 0) & (pc < halt), pc, halt)
+            sched_pc = where((pc >= 0) & (pc < halt), pc, halt)
             depth = column(state.lane, col.depth)
             block, sched = self.scheduler.choose(state.sched, Frontier(sched_pc, count, depth, jnp.argmax(count > 0)))
             block = block.astype(pc.dtype)  # schedulers may answer in int32
             ids = self.lanes_at(state, block)
             block = observe(state, block, ids)
             n = jnp.minimum(count[block], N)
-            queues = Queues(queues.lanes, queues.head.at[block].set((queues.head[block] + n) % M),
+            queues = Queues(queues.lanes, queues.head.at[block].set(lax.rem(queues.head[block] + n, n.dtype.type(M))),
                             count.at[block].add(-n))
             free_top = state.free.top
             j = jnp.arange(N * K, dtype=pc.dtype)
-            free = jnp.where(j < free_top, state.free.lanes[jnp.maximum(free_top - 1 - j, 0)], M)
+            free = where(j < free_top, state.free.lanes[jnp.maximum(free_top - 1 - j, 0)], M)
+            own = state.lane.at[ids].get(**FILL, fill_value=0)
+            rows = {"ids": ids, "valid": ids < M, "own": own, "cols": tuple(column(own, c) for c in range(col.count))}
             view = {"lane": state.lane, "regs": state.regs, "stacks": state.stacks, "pc_stack": state.pc_stack,
-                    "ids": ids, "n": n, "free": free, "free_top": free_top, "failed": state.failed}
+                    "rows": rows, "nothing": nothing, "n": n, "free": free, "free_top": free_top,
+                    "failed": state.failed}
             out = lax.switch(block, branches, view)
-            lane = state.lane.at[ids].set(out["lane"], **DROP)
-            examples = jnp.where(ids < M, column(out["lane"], col.example), B)
+            new_own = jnp.stack(out["cols"], axis=1)
+            lane = state.lane.at[ids].set(new_own, **DROP)
+            examples = where(ids < M, out["cols"][col.example], B)
             work = state.work.at[examples].add(1, **DROP)
             failed = state.failed
             if self.fail_blocks:  # only steps at a Fail block pay for flagging its lanes' examples
@@ -666,7 +705,7 @@ class PoolMachine:
             finishing = block_in(block, self.finishers)
             lane, claim, queues, pc = gate(finishing, finish, lambda *a: a[:4],
                                            lane, state.claim, queues, pc, only(finishing, out["decrement"]),
-                                           column(out["lane"], col.depth))
+                                           out["cols"][col.depth])
             new = PoolState(pc=pc, lane=lane, regs=regs, stacks=stacks, pc_stack=pc_stack, queues=queues, free=free,
                             claim=claim, work=work, failed=failed, peak=jnp.maximum(state.peak, M - free.top),
                             steps=state.steps + 1, sched=sched)
@@ -680,8 +719,8 @@ class PoolMachine:
         # An example that did not finish may never have written its result: its slot holds an earlier
         # call's value (the registers are the donated workspace's), so it reads 0 instead.
         failed = status.flagged
-        result = tree_map(lambda a: jnp.where(failed.reshape((B,) + (1,) * (a.ndim - 1)), jnp.zeros((), a.dtype),
-                                              a[:B]), final.regs[prog.result])
+        result = tree_map(lambda a: where(failed.reshape((B,) + (1,) * (a.ndim - 1)), jnp.zeros((), a.dtype),
+                                          a[:B]), final.regs[prog.result])
         out = result, status, {"stacks": final.stacks, "pc_stack": final.pc_stack, "regs": final.regs, "pc": final.pc,
                                "lane": final.lane, "queues": final.queues.lanes, "free": final.free.lanes,
                                "claim": final.claim}
@@ -692,7 +731,7 @@ class PoolMachine:
         """The examples of a step's lanes at a Fail block (`examples`: B where none) are
         failed there (1 + the block), unless an earlier Fail already flagged them."""
         before = failed.at[examples].get(**FILL, fill_value=0)
-        return failed.at[examples].set(jnp.where(before == 0, block + 1, before).astype(failed.dtype), **DROP)
+        return failed.at[examples].set(where(before == 0, block + 1, before).astype(failed.dtype), **DROP)
 
     def _spawn_params(self, term: Fork, consts: dict[str, Any], inv: dict[str, Any], stored: dict[str, Any],
                       kid: jax.Array, src: jax.Array, example: jax.Array):
