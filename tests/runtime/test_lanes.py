@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pcbatch.runtime.lanes import first_true, gather_rows, pad_rows, scatter_rows, with_columns
-from pcbatch.runtime.pool import ranks_by_slot
+from pcbatch.runtime.lanes import first_true, gather_rows, pad_rows, scatter_rows, where, with_columns
+from pcbatch.runtime.pool import ranks_by_slot, slot_of
 
 
 @settings(max_examples=25)
@@ -78,3 +78,28 @@ def test_queue_ranks_by_successor_place_equal_counting_in_python(seed, places, r
     queued = np.asarray(want_dest) < blocks  # a row bound nowhere is dropped: its rank is never read
     np.testing.assert_array_equal(np.asarray(rank)[queued], np.asarray(want_rank)[queued])
     np.testing.assert_array_equal(np.asarray(added), [seen.get(b, 0) for b in range(blocks)])
+
+
+def test_where_equals_jnp_where_in_value_dtype_weak_type_and_shape():
+    """The machines' one-`select` `where` stands in for `jnp.where` everywhere: the same
+    result, dtype, weak type and broadcast shape, traced (as in a machine) and eagerly."""
+    mask = np.array([[True, False, True], [False, False, True]])
+    cases = [(mask, np.arange(3, dtype=np.int32), 7), (mask[0], 2.5, np.float32(-1)),
+             (mask[0], jnp.asarray(2.5), np.arange(3, dtype=np.int32)),  # weak float with int: weak result
+             (np.array([1, 0, 2]), np.int16(4), np.arange(3, dtype=np.int8)), (True, 1, 2),
+             (mask, np.ones((2, 1), np.float32), np.zeros((1, 3), np.float32))]
+    for cond, x, y in cases:
+        want = jnp.where(cond, x, y)
+        for got in (where(cond, x, y), jax.jit(lambda c, a, b: where(c, a, b))(cond, x, y)):
+            assert got.shape == want.shape and got.dtype == want.dtype and got.weak_type == want.weak_type
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_slot_of_by_table_equals_by_comparisons():
+    """A block's successors: more than two are looked up in a table, fewer compared one by one."""
+    dest = np.array([0, 3, 9, 5, 12, 3, 7, 20], np.int32)
+    for targets in ([3], [3, 5], [3, 5, 7], [0, 3, 5, 7, 12]):
+        want = [targets.index(d) if d in targets else len(targets) for d in dest]
+        np.testing.assert_array_equal(np.asarray(slot_of(jnp.asarray(dest), targets)), want)
+        np.testing.assert_array_equal(np.asarray(slot_of(jnp.asarray(dest), targets, none=9)),
+                                      [w if w < len(targets) else 9 for w in want])
