@@ -94,10 +94,7 @@ def _shaped(v: Any, shape: tuple[int, ...]) -> Any:
 def as_index(x: Any, lanes: int) -> jax.Array:
     """`x` as `lanes` lane-table integers (index dtype, not weakly typed): branches of one
     switch must return the same types."""
-    x = jnp.asarray(x)
-    if x.dtype != index_dtype() or getattr(x, "weak_type", False):
-        x = lax.convert_element_type(x, index_dtype())
-    return x if x.shape == (lanes,) else jnp.broadcast_to(x, (lanes,))
+    return _shaped(_typed(x, index_dtype()), (lanes,))
 
 
 def column(table: jax.Array, c: int) -> jax.Array:

@@ -325,10 +325,10 @@ class PoolMachine:
             # The rows, their lane-table rows and columns, and the outputs of a block that
             # does not do a thing (spawn, free, push a pc...) come from the step, made once
             # for all blocks: each branch computes only what its block changes.
-            rows, nothing = view["rows"], view["nothing"]
+            picked, nothing = view["rows"], view["nothing"]
             if W < N:
-                rows = tree_map(lambda x: x[:W], rows)
-            ids, valid, own, cols = rows["ids"], rows["valid"], rows["own"], list(rows["cols"])
+                picked = tree_map(lambda x: x[:W], picked)
+            ids, valid, own, cols = picked["ids"], picked["valid"], picked["own"], list(picked["cols"])
             get = lambda name: cols[getattr(col, name)]  # noqa: E731
             sps = {s: cols[col.sp[s]] for s in self.stacks}
             changes: dict[str, jax.Array] = {"depth": get("depth") + 1}
