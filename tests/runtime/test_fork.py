@@ -13,8 +13,8 @@ Covered:
     batch 7 with the default pool; nary also at batch 1 and 256 (64 under
     `make test-matrix`);
   * lane exhaustion: no free lanes (`max_lanes == batch`: all sequential), one
-    or three free lanes, a small pool with `lane_width` 1..3 (some of these
-    under `make test-matrix`), and a generous pool (more lanes in use than
+    or three free lanes, a small pool with `lane_width` 1..3 (those under
+    `make test-matrix`), and a generous pool (more lanes in use than
     examples, fewer steps than `fork=False`);
   * programs: two- and three-way forks, argument code between the calls,
     dependent calls (no fork), mutual recursion, forks in a while loop, a callee
@@ -106,13 +106,13 @@ def forked(fn: pcbatch.api.Autobatched) -> pcbatch.api.Autobatched:
     return fn if fn.fork is True else variant(fn, fork=True)
 
 
-def differential(fn, *args, ref=None, jit: bool = False, fork_false: bool = False):
-    """`fn` (forks) == `.reference` (with `fork_false`, also == `fork=False`; with
-    `jit`, also == `fn` called inside `jax.jit`). Each of those compiles another
-    machine: only tests that assert on it (fewer steps than fork=False) or whose
-    subject it is ask for it. Returns (result, status, status under fork=False or None)."""
+def differential(fn, *args, ref=None, under_jit: bool = False, fork_false: bool = False):
+    """`fn` (forks; with `under_jit`, `fn.checked` inside `jax.jit` instead of eagerly) ==
+    `.reference` (with `fork_false`, also == `fork=False`). Each of jit and fork=False
+    compiles another machine: only tests that assert on it (fewer steps than fork=False)
+    or whose subject it is ask for it. Returns (result, status, status under fork=False or None)."""
     fn = forked(fn)
-    out, status = fn.checked(*args)
+    out, status = jax.jit(fn.checked)(*args) if under_jit else fn.checked(*args)
     batch = np.shape(tree_leaves(out)[0])[0]
     assert_ok(status, batch)
     assert np.asarray(status.blocks_run).shape == (batch,)
@@ -124,9 +124,11 @@ def differential(fn, *args, ref=None, jit: bool = False, fork_false: bool = Fals
         assert_ok(plain_status, batch)
         assert int(plain_status.peak_lanes) == batch       # one lane per example
         assert_same(out, plain_out, "fork vs fork=False")
-    if jit:
-        assert_same(jax.jit(lambda *a: fn(*a))(*args), out, "jit vs eager")
     return out, status, plain_status
+
+
+def assert_step_runs_at_most_lane_width_lanes(status, lane_width: int) -> None:
+    assert int(status.steps) * lane_width >= int(np.sum(np.asarray(status.blocks_run)))
 
 
 def fork_lines(fn) -> list[str]:
@@ -262,7 +264,7 @@ def test_nary_batch64():
 
 def test_nary_batch256():
     """Random trees of every shape and stdlib ASTs; the (slow, per-example)
-    reference on every 16th example (each of the 5 shapes 2-3 times and 4 ASTs
+    reference on every 32nd example (each of the 5 shapes, one twice, and 2 ASTs
     among them), the whole batch against fork=False."""
     fn = forked(nary.nary_tree_lstm)
     params = params_of("nary")
@@ -276,8 +278,8 @@ def test_nary_batch256():
     seq_out, seq_status = plain(fn).checked(params, trees, trees.root)
     assert_same(out, seq_out)
     assert int(status.steps) < int(seq_status.steps)
-    some = data.Tree(*(a[::16] for a in trees))
-    assert_same(jax.tree_util.tree_map(lambda a: a[::16], out), fn.reference(params, some, some.root))
+    some = data.Tree(*(a[::32] for a in trees))
+    assert_same(jax.tree_util.tree_map(lambda a: a[::32], out), fn.reference(params, some, some.root))
 
 
 def lattice_case():
@@ -314,10 +316,11 @@ def nary_fixture(shape):
     return _NARY_REF[key]
 
 
-# No free lane (7), and free lanes with a step narrower than them (12, 2); free lanes at the
-# default width (8, 10: test_program's pool, the hypothesis pools) and other widths: `make test-matrix`.
-@pytest.mark.parametrize("max_lanes, lane_width", [(7, None), (12, 2)] + [
-    pytest.param(*p, marks=pytest.mark.matrix) for p in [(8, None), (10, None), (12, 1), (12, 3)]])
+# No free lane (7); free lanes at the default width (8, 10: test_program's pool, the hypothesis
+# pools) and steps narrower than the free lanes (12 lanes, widths 1..3: test_program's pool, 32
+# of 96 lanes, asserts the step bound) run in `make test-matrix`.
+@pytest.mark.parametrize("max_lanes, lane_width", [(7, None)] + [
+    pytest.param(*p, marks=pytest.mark.matrix) for p in [(8, None), (10, None), (12, 1), (12, 2), (12, 3)]])
 def test_lane_exhaustion_results_exact(max_lanes, lane_width):
     options = {"max_lanes": max_lanes} if lane_width is None else {"max_lanes": max_lanes, "lane_width": lane_width}
     fn = variant(nary.nary_tree_lstm, **options)
@@ -335,8 +338,7 @@ def test_lane_exhaustion_results_exact(max_lanes, lane_width):
                      for t in (data.Tree(*(a[k] for a in trees)) for k in range(7))]
             np.testing.assert_array_equal(np.asarray(status.blocks_run), [len(t.blocks) for t in alone])
         if lane_width is not None:
-            # a step runs at most lane_width lanes
-            assert int(status.steps) * lane_width >= int(np.sum(np.asarray(status.blocks_run)))
+            assert_step_runs_at_most_lane_width_lanes(status, lane_width)
 
 
 def test_generous_pool_forks_balanced_trees():
@@ -490,32 +492,38 @@ PROGRAMS = {   # name: (function, arguments, forks in the function's own body)
 PROGRAM_POOL = dict(max_lanes=96, lane_width=32)
 
 
-# Also inside `jax.jit` (another compiled pool: about 2-5 s each on CI's two
-# cores): the program whose entry parameters a trace changes and calls fork
-# from (a shared, `in_axes=None`, argument under jit: test_loop_forks.py's
+# Inside `jax.jit` instead of eagerly (each compiles a pool: about 2-5 s each on
+# CI's two cores): the program whose entry parameters a trace changes and calls
+# fork from (a shared, `in_axes=None`, argument under jit: test_loop_forks.py's
 # sibling walk, a pool too). Against fork=False (another compile each, a second
 # oracle beside `.reference`): the simplest fork (the tree models run against
-# fork=False too). `make test-matrix` runs every program both ways
+# fork=False too). `make test-matrix` runs every program every way
 # (test_program_every_cell).
 UNDER_JIT = {"entry_param_args"}
 AGAINST_FORK_FALSE = {"fib"}
+# Runs on a fork-join pool in make test elsewhere: test_pool_stacks.py's
+# test_fork_programs_on_shallow_stacks[mutual_recursion-6] (against `.reference`).
+PROGRAMS_IN_THE_MATRIX = {"mutual_recursion"}
 
 
-@pytest.mark.parametrize("name", list(PROGRAMS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.matrix) if n in PROGRAMS_IN_THE_MATRIX else n
+                                  for n in PROGRAMS])
 def test_program(name):
     fn, args, forks = PROGRAMS[name]
     assert len(fork_lines(fn)) == forks, str(fn.ir())
-    _, status, _ = differential(variant(fn, **PROGRAM_POOL), *args, jit=name in UNDER_JIT,
+    _, status, _ = differential(variant(fn, **PROGRAM_POOL), *args, under_jit=name in UNDER_JIT,
                                 fork_false=name in AGAINST_FORK_FALSE)
     assert int(status.peak_lanes) > 7
+    assert_step_runs_at_most_lane_width_lanes(status, PROGRAM_POOL["lane_width"])
 
 
 @pytest.mark.matrix
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_program_every_cell(name):
-    """test_program's cells, each program against fork=False and under jit."""
+    """test_program's cells, each program eagerly, under jit and against fork=False."""
     fn, args, _ = PROGRAMS[name]
-    differential(variant(fn, **PROGRAM_POOL), *args, jit=True)
+    differential(variant(fn, **PROGRAM_POOL), *args, fork_false=True)
+    differential(variant(fn, **PROGRAM_POOL), *args, under_jit=True)
 
 
 def test_fork_groups():
@@ -639,6 +647,9 @@ def test_tree_overflow_without_free_lanes():
         variant(nary.nary_tree_lstm, max_lanes=2, max_stack_depth=8)(params_of("nary"), chains, chains.root)
 
 
+# Each pool compiles: forks that save the stack run in make test on fib
+# (test_overflow_with_plenty_of_lanes_succeeds), nary on other pools.
+@pytest.mark.matrix
 def test_tree_overflow_under_forks():
     """Chains deeper than max_stack_depth=8: with lanes to spare each lane holds one frame
     (without, they overflow: test_tree_overflow_without_free_lanes, and `between`'s

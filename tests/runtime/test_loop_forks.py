@@ -137,15 +137,20 @@ def test_sibling_links_without_a_spare_lane_and_the_default_pool():
     np.testing.assert_allclose(jax.jit(sibling_walk)(w, first, nxt, roots), expected, rtol=1e-6)
 
 
-# test_overflow_and_step_limits_flag_only_their_examples's forest: one compiled default pool.
+# The default pool with a step bound, one compiled machine for two forests of one shape: this
+# one takes 37 steps, STEP_BOUND_FOREST's deepest trees more than STEP_BOUND.
 OVERFLOW_FOREST = (8, 12, 16, 3)
+STEP_BOUND_FOREST = (14, 12, 16, 3)
+STEP_BOUND = 40
+bounded_range_walk = range_walk.with_options(max_steps=STEP_BOUND)
 
 
 def test_range_loop_forks_and_takes_fewer_steps():
     children, _, _, roots = random_forest(*OVERFLOW_FOREST)
     expected = range_walk.reference(children, roots)
     assert launches(range_walk, children, roots)
-    out, status = range_walk.checked(children, roots)
+    out, status = bounded_range_walk.checked(children, roots)
+    assert not np.asarray(status.unfinished).any()
     np.testing.assert_allclose(out, expected, rtol=1e-6)
     _, one_lane = range_walk.with_options(fork=False).checked(children, roots)
     assert int(status.steps) < int(one_lane.steps)
@@ -230,14 +235,15 @@ def test_schedules_and_a_learned_policy_run_loop_forks(schedules):
 
 def test_overflow_and_step_limits_flag_only_their_examples():
     """Without spare lanes the calls run in the caller's lane and may overflow its stacks:
-    those examples are flagged, the others exact; the same under a step bound."""
-    children, _, _, roots = random_forest(*OVERFLOW_FOREST)
-    expected = np.asarray(range_walk.reference(children, roots))
-    _, full = range_walk.checked(children, roots)
-    for options in (dict(max_lanes=len(roots), max_stack_depth=3), dict(max_steps=int(full.steps) // 2)):
-        out, status = range_walk.with_options(**options).checked(children, roots)
+    those examples are flagged, the others exact; the same under a step bound (on the
+    default pool, children in lanes of their own when it stops)."""
+    for forest, f in ((OVERFLOW_FOREST, range_walk.with_options(max_lanes=OVERFLOW_FOREST[1], max_stack_depth=3)),
+                      (STEP_BOUND_FOREST, bounded_range_walk)):
+        children, _, _, roots = random_forest(*forest)
+        expected = np.asarray(range_walk.reference(children, roots))
+        out, status = f.checked(children, roots)
         flagged = np.asarray(status.overflow) | np.asarray(status.unfinished)
-        assert flagged.any() and not flagged.all(), options
+        assert flagged.any() and not flagged.all(), f.options
         np.testing.assert_allclose(np.asarray(out)[~flagged], expected[~flagged], rtol=1e-6)
 
 

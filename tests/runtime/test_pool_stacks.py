@@ -102,8 +102,11 @@ def test_no_shallow_run_under_jit_or_with_max_lanes():
 
 
 @pytest.mark.parametrize("name, first_depth", [
-    ("fib", 2), ("mutual_recursion", 6),
-    # A third program's two machines cost as much as the other two's: a `matrix` row.
+    # Two machines (shallow and full) per program: `make test` runs the program with two
+    # functions' stacks (test_fork.py's test_program runs it only in `make test-matrix`); fib
+    # (test_program runs it) and a third program are `matrix` rows, as shallow stacks that
+    # mostly overflow and rerun (`leaves`: test_a_rare_overflow_does_not_stop_the_shallow_runs...).
+    pytest.param("fib", 2, marks=pytest.mark.matrix), ("mutual_recursion", 6),
     pytest.param("fork_in_while_loop", 2, marks=pytest.mark.matrix),
     pytest.param("other_callees_and_tail_call", 2, marks=pytest.mark.slow),
     pytest.param("other_callees_and_tail_call", 6, marks=pytest.mark.slow)])

@@ -191,7 +191,8 @@ def float32_of(fn, *args):
 # --- results --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fork, jit", cells((True, False), (False, True)))
+# fork=False under jit: test_while_loop_int64, test_stacked_values_float64_and_int64.
+@pytest.mark.parametrize("fork, jit", cells((True, False)))
 def test_fork_join_int64_beyond_int32(fork, jit):
     ns = [7, 10, 1, 0, 4]
     units = [2**33 + 1, 3, -(2**40), 5, 2**52]
@@ -362,11 +363,13 @@ def test_python_number_beside_a_narrower_value():
 
 
 # Per (grad_switch, fork, jit): the gradient machines `make test` compiles; the others are
-# `matrix` cells. Every fork setting runs eagerly and under jit, and the switch under jit
-# with forks (`tests/grad/test_grad_models.py` runs it with fork=False too).
+# `matrix` cells. The cond eagerly with forks, the switch under jit with forks
+# (`tests/grad/test_grad_models.py` runs it with fork=False too); fork=False's float64
+# gradient: test_gradients_stacked_float64[fork=False].
 GRADIENT_CELLS = [
-    pytest.param(False, [(True, False), (False, True)], id="cond"),
-    pytest.param(False, [(True, True), (False, False)], id="cond-other-cells", marks=pytest.mark.matrix),
+    pytest.param(False, [(True, False)], id="cond"),
+    pytest.param(False, [(True, True), (False, False), (False, True)], id="cond-other-cells",
+                 marks=pytest.mark.matrix),
     pytest.param(True, [(True, True)], id="switch"),
     pytest.param(True, [(False, True)], id="switch-fork=False", marks=pytest.mark.matrix),
 ]
