@@ -14,6 +14,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pcbatch
@@ -27,10 +28,28 @@ TREES = data.batch(data.random_binary_trees(5, min_leaves=1, max_leaves=7, vocab
                                             shape=("random", "left", "balanced", "right", "frontier")))
 
 
+def numpy_params(init):
+    """Weights of the shapes and dtypes `init(key, VOCAB, HIDDEN)` makes, N(0, 1/fan_in), drawn by
+    NumPy: the models' own init compiles a threefry normal per weight shape (~0.5 s of CPU each);
+    the differential checks need weights of the right shapes, not those values."""
+    rng = np.random.default_rng(0)
+    shapes = jax.eval_shape(lambda key: init(key, VOCAB, HIDDEN), jax.ShapeDtypeStruct((2,), jnp.uint32))
+    return jax.tree_util.tree_map(
+        lambda s: jnp.asarray(rng.standard_normal(s.shape) / np.sqrt(s.shape[-1]), s.dtype), shapes)
+
+
+PARAMS = {module: numpy_params(module.init_params) for module in (nary, child_sum)}
+
+
 def args(module):
-    return (module.init_params(jax.random.PRNGKey(0), VOCAB, HIDDEN), TREES, TREES.root)
+    return (PARAMS[module], TREES, TREES.root)
 
 
+# model x (one lane per example | lane pool): make test runs child_sum one lane per example (below)
+# and nary on the lane pool (inside jit and with lane exhaustion, below); this cell in make
+# test-matrix (the one-lane gradient of two self-calls per node: tree_sum and peeky in
+# test_grad_programs.py).
+@pytest.mark.matrix
 def test_nary_tree_lstm_one_lane_per_example():
     check_vjp(nary.nary_tree_lstm.with_options(fork=False), args(nary), positions=(0,))
 
