@@ -173,22 +173,20 @@ def _nuts_args():
     return jnp.array([0, 1, 2, 3, 4]), cur, jnp.full((5,), 0.1), jnp.full((5,), -3.0), jnp.zeros(5, jnp.int32)
 
 
-@pytest.fixture(scope="module")
-def nuts_case():
-    """The arguments and the per-example Python's result, run once for both fork cells
-    (the reference steps NUTS op by op: it costs more than either machine)."""
-    args = _nuts_args()
-    return args, many_steps.reference(*args)
-
-
 @pytest.mark.parametrize("fork", [True, False])
-def test_tuple_return_unpacked_before_second_call_is_never_stacked(fork, nuts_case):
-    f = many_steps.with_options(fork=fork)
-    args, want = nuts_case
-    prog = f.lowered(*args)
+def test_tuple_return_unpacked_before_second_call_is_never_stacked(fork):
+    prog = many_steps.with_options(fork=fork).lowered(*_nuts_args())
     assert "build_tree.<ret>" in prog.vars_of_class("register")
     assert not any(v.endswith(".<ret>") for v in prog.vars_of_class("stacked"))
-    _assert_trees_close(f(*args), want)
+
+
+# Each fork mode's machine compiles in ~2-4 CPU-s: make test runs one lane per example (no call
+# here can fork: the lane pool would run every call sequentially), make test-matrix the pool;
+# the pool runs forked programs throughout this file.
+@pytest.mark.parametrize("fork", [pytest.param(True, marks=pytest.mark.matrix), False])
+def test_nuts_port_matches_python(fork):
+    args = _nuts_args()
+    _assert_trees_close(many_steps.with_options(fork=fork)(*args), many_steps.reference(*args))
 
 
 def _assert_trees_close(out, ref):
@@ -324,10 +322,13 @@ def test_local_passed_to_a_self_call_and_read_after_it(fn, fork):
     xs = _SELF_CALL_INPUTS[fn]
     f = pcbatch.autobatch(fn, fork=fork)
     x = jnp.asarray(xs)
-    np.testing.assert_allclose(np.asarray(f(x)), np.asarray(f.reference(x)))
-    if fn is halve_and_add:
+    if fn is halve_and_add:   # the value from the differentiated call's forward: one machine less
+        out, pull = jax.vjp(f, x)
         want = jax.grad(lambda v: sum(fn(v[i]) for i in range(len(xs))))(x)
-        np.testing.assert_allclose(np.asarray(jax.grad(lambda v: f(v).sum())(x)), np.asarray(want), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(pull(jnp.ones_like(out))[0]), np.asarray(want), rtol=1e-6)
+    else:
+        out = f(x)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(f.reference(x)))
 
 
 # Two independent calls where a call's argument is the variable it (or a later call)
@@ -402,10 +403,13 @@ def test_regrouped_calls_keep_write_after_read_order(fn, fork):
     f = pcbatch.autobatch(fn, fork=fork)
     n, x = jnp.asarray([1, 1, 2, 0]), jnp.asarray([1.0, 2.0, 3.0, 4.0])
     ref = np.asarray(f.reference(n, x))
-    np.testing.assert_allclose(np.asarray(f(n, x)), ref, rtol=1e-6)
+    # The values and the gradients from one differentiated call: its forward runs the lowered
+    # program the regrouping made (a plain call compiled one machine more for the same program).
+    out, pull = jax.vjp(lambda v: f(n, v), x)
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6)
     # Under jax.jit the machine compiles again: with fork="auto" perhaps another one (a traced
     # call chooses afresh); with fork=True/False the same program, so one such cell checks it.
     if fork == "auto" or (fn, fork) == (read_then_call_overwrites, True):
         np.testing.assert_allclose(np.asarray(jax.jit(f)(n, x)), ref, rtol=1e-6)
     want = jax.grad(lambda v: sum(fn(int(n[i]), v[i]) for i in range(4)))(x)
-    np.testing.assert_allclose(np.asarray(jax.grad(lambda v: f(n, v).sum())(x)), np.asarray(want), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(pull(jnp.ones_like(out))[0]), np.asarray(want), rtol=1e-5)
