@@ -4,6 +4,7 @@ an independent NumPy bottom-up Child-Sum Tree-LSTM."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -22,7 +23,13 @@ def setup():
     pick = [int(order[i]) for i in np.linspace(0, len(order) - 1, 7).astype(int)]
     widest = int(np.argmax([int((t.children >= 0).sum(axis=1).max()) for t in got.trees]))
     trees = data.batch([got.trees[i] for i in pick + [widest]])
-    params = child_sum_loop.init_params(jax.random.PRNGKey(0), len(data.AST_VOCAB), HIDDEN)
+    # Weights of init_params' shapes, N(0, 1/fan_in), drawn by NumPy: jax.random compiled a
+    # threefry per weight shape (~1 s of CPU here); the checks need the shapes, not those values.
+    rng = np.random.default_rng(0)
+    shapes = jax.eval_shape(lambda key: child_sum_loop.init_params(key, len(data.AST_VOCAB), HIDDEN),
+                            jax.ShapeDtypeStruct((2,), jnp.uint32))
+    params = jax.tree_util.tree_map(
+        lambda s: jnp.asarray(rng.standard_normal(s.shape) / np.sqrt(s.shape[-1]), s.dtype), shapes)
     return params, trees
 
 
