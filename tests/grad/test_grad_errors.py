@@ -269,13 +269,17 @@ def guarded_power(w, x, n):
     return acc
 
 
+guarded = pcbatch.autobatch(guarded_power, in_axes=(None, 0, 0))
+# x and n are arguments, not constants of the program: one compile for the two tests below.
+guarded_hessian = jax.jit(jax.hessian(lambda w, x, n: guarded(w, x, n).sum()))
+
+
 def test_forward_mode_marks_failed_examples_nan():
     """A failed example's tangent is NaN, as its value and its reverse-mode gradient are:
     `jnp.where(failed, nan, x)` differentiated to 0 there (a clean-looking Hessian of 0.0)."""
-    f = pcbatch.autobatch(guarded_power, in_axes=(None, 0, 0))
+    f = guarded
     w, x, n = jnp.float32(1.0), jnp.array([0.5, 1.5, 0.1]), jnp.array([2, 3, 1])  # example 1 fails
-    loss = lambda w: f(w, x, n).sum()  # noqa: E731
-    assert np.isnan(float(jax.jit(jax.hessian(loss))(w)))
+    assert np.isnan(float(guarded_hessian(w, x, n)))
     rows = np.asarray(jax.jit(jax.jacfwd(lambda w: f(w, x, n)))(w))
     assert np.isnan(rows[1]) and np.all(np.isfinite(rows[[0, 2]]))
     keep = jnp.array([0, 2])  # the others' entries are exact
@@ -285,17 +289,10 @@ def test_forward_mode_marks_failed_examples_nan():
     assert np.isnan(np.asarray(tangent)[1]) and np.all(np.isfinite(np.asarray(tangent)[[0, 2]]))
 
 
-def power_loop(w, x, n):
-    acc = x * w
-    for i in range(n):
-        acc = acc * acc * w + i
-    return acc
-
-
 def test_a_hessian_through_an_overflowed_tape_is_nan():
-    f = pcbatch.autobatch(power_loop, in_axes=(None, 0, 0), tape_size=2)
-    w, x, n = jnp.float32(1.0), jnp.array([0.5, 0.9, 0.1]), jnp.array([2, 5, 1])
-    assert np.isnan(float(jax.jit(jax.hessian(lambda w: f(w, x, n).sum()))(w)))
-    roomy = f.with_options(tape_size=64)
-    want = jax.hessian(lambda w: sum(roomy.reference(w, x[i:i + 1], n[i:i + 1]).sum() for i in range(3)))(w)
-    np.testing.assert_allclose(jax.jit(jax.hessian(lambda w: roomy(w, x, n).sum()))(w), want, rtol=1e-5)
+    w, x, n = jnp.float32(1.0), jnp.array([0.5, 0.9, 0.1]), jnp.array([2, 3, 4])  # none fails (acc < 4)
+    overflowed = guarded.with_options(tape_size=2)   # 9 rows of the loop's block for 3 examples: 3 each
+    assert np.isnan(float(jax.jit(jax.hessian(lambda w: overflowed(w, x, n).sum()))(w)))
+    # with room (the default tape): the per-example Python's Hessian
+    want = jax.hessian(lambda w: sum(guarded.reference(w, x[i:i + 1], n[i:i + 1]).sum() for i in range(3)))(w)
+    np.testing.assert_allclose(guarded_hessian(w, x, n), want, rtol=1e-5)
