@@ -59,8 +59,8 @@ def test_child_sum_calls_inside_if():
     check_vjp(child_sum.child_sum_tree_lstm, args(child_sum), positions=(0,))
 
 
-# fork x grad_switch: make test runs fork=False with conditionals (above) and the lane pool with both
-# (inside jit, below); this cell in make test-matrix.
+# fork x grad_switch: make test runs one lane per example with conditionals (child_sum, above) and
+# the lane pool with both (inside jit, below); this cell in make test-matrix.
 @pytest.mark.matrix
 def test_one_switch_a_step_one_lane_per_example():
     """`Tuning(grad_switch=True)` (accelerators' default): the recorder and the
@@ -70,7 +70,15 @@ def test_one_switch_a_step_one_lane_per_example():
     check_vjp(f, args(nary), positions=(0,), seed=5)
 
 
-def test_nary_tree_lstm_forked_under_jit_one_switch_a_step_no_register_copies():
+@pytest.fixture(scope="module")
+def nary_reference_vjp():
+    """The per-example Python's outputs and vjp w.r.t. the parameters: run once (eagerly, op by
+    op) for the two lane-pool tests below, each with a random cotangent of its own."""
+    params, trees, root = args(nary)
+    return jax.vjp(lambda p: nary.nary_tree_lstm.reference(p, trees, root), params)
+
+
+def test_nary_tree_lstm_forked_under_jit_one_switch_a_step_no_register_copies(nary_reference_vjp):
     """The forked Tree-LSTM's gradient inside jit equals the per-example
     Python's, with the gradient pass picking a step's block by a `lax.cond`
     each (the CPU's default) and by one `lax.switch` (`grad_switch=True`).
@@ -82,9 +90,10 @@ def test_nary_tree_lstm_forked_under_jit_one_switch_a_step_no_register_copies():
     the backward's scatters run outside its conditionals (10 copies before).
     Each program is compiled once, for its HLO and its values."""
     params, trees, root = args(nary)
-    h_ct, c_ct = random_cotangent((jnp.zeros((len(root), HIDDEN)),) * 2, seed=5)
+    ref_out, ref_pull = nary_reference_vjp
+    h_ct, c_ct = random_cotangent(ref_out, seed=5)
     # the random cotangents as a loss: a permuted or mis-summed gradient cannot pass
-    want = jax.grad(lambda p: weighted(nary.nary_tree_lstm.reference(p, trees, root), h_ct, c_ct))(params)
+    (want,) = ref_pull((h_ct, c_ct))
     counts = {}
     for switched in (False, True):
         f = nary.nary_tree_lstm.with_options(lane_width=16, tuning=pcbatch.Tuning(grad_switch=switched))
@@ -106,13 +115,18 @@ def weighted(out, h_ct, c_ct):
 # masked x lane exhaustion: the pool's updates under conditionals (the CPU's default) are in every other
 # forked gradient here; the masked updates only in this test. Its unmasked cell runs in make test-matrix.
 @pytest.mark.parametrize("masked", [pytest.param(False, marks=pytest.mark.matrix), True])
-def test_lane_exhaustion(masked):
+def test_lane_exhaustion(masked, nary_reference_vjp):
     """A pool of 8 lanes for 5 trees: a few forks get lanes, the others run
     their calls sequentially on the pool's stacks, within one run; the pool's
     updates under conditionals (the CPU's default) and masked (accelerators')."""
     f = nary.nary_tree_lstm.with_options(max_lanes=8, lane_width=16,
                                          tuning=pcbatch.Tuning(masked_pool_updates=masked))
-    check_vjp(f, args(nary), positions=(0,), seed=3)
+    # check_vjp's comparison, against the shared run of the per-example Python
+    ref_out, ref_pull = nary_reference_vjp
+    ct = random_cotangent(ref_out, seed=3)
+    out, pull = jax.vjp(lambda p: f(p, TREES, TREES.root), PARAMS[nary])
+    assert_close(out, ref_out, what="primal")
+    assert_close(pull(ct), ref_pull(ct), what="cotangents")
     prog, rows = f.lowered(*args(nary)), f.tape_info(*args(nary)).rows
     joins = [b for b, blk in enumerate(prog.blocks) if blk.ops and isinstance(blk.ops[0], Join)]
     pops = [b for b, blk in enumerate(prog.blocks) if any(isinstance(op, Pop) for op in blk.ops)]
