@@ -1,12 +1,19 @@
 """`pcbatch.mcmc._random` (threefry unrolled for XLA) equals `jax.random`: keys
 and [0, 1) uniforms bit for bit; scaled uniforms and normals to the last bit
-or one ulp (XLA may contract the affine map into a fused multiply-add)."""
+or one ulp (XLA may contract the affine map into a fused multiply-add).
+
+Ours run under `jax.jit`, as in the machine: eagerly, each of threefry's
+unrolled ops compiled a kernel of its own per shape (~3 CPU-s a file)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pcbatch.mcmc import _random
+
+split = jax.jit(_random.split, static_argnums=1)
+uniform = jax.jit(_random.uniform, static_argnums=1, static_argnames=("minval", "maxval"))
+normal = jax.jit(_random.normal, static_argnums=1)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2 ** 31 - 1])
@@ -15,15 +22,15 @@ def test_equals_jax_random(seed):
         key = jax.random.PRNGKey(seed)
         raw = jax.random.key_data(key)
         for num in (2, 3, 4):
-            np.testing.assert_array_equal(_random.split(raw, num), jax.random.split(key, num))
+            np.testing.assert_array_equal(split(raw, num), jax.random.split(key, num))
         for shape in ((), (5,), (3, 7)):
-            np.testing.assert_array_equal(_random.uniform(raw, shape), jax.random.uniform(key, shape))
-            np.testing.assert_allclose(_random.normal(raw, shape), jax.random.normal(key, shape), rtol=3e-7, atol=1e-7)
-        np.testing.assert_allclose(_random.uniform(raw, (4,), minval=-2.0, maxval=3.0),
+            np.testing.assert_array_equal(uniform(raw, shape), jax.random.uniform(key, shape))
+            np.testing.assert_allclose(normal(raw, shape), jax.random.normal(key, shape), rtol=3e-7, atol=1e-7)
+        np.testing.assert_allclose(uniform(raw, (4,), minval=-2.0, maxval=3.0),
                                    jax.random.uniform(key, (4,), minval=-2.0, maxval=3.0), rtol=3e-7, atol=1e-7)
         # batched, as the machine runs it
         keys = jax.random.split(key, 6)
-        np.testing.assert_array_equal(jax.vmap(lambda k: _random.split(k, 4))(jax.random.key_data(keys)),
+        np.testing.assert_array_equal(jax.vmap(lambda k: split(k, 4))(jax.random.key_data(keys)),
                                       jax.vmap(lambda k: jax.random.split(k, 4))(keys))
 
 
