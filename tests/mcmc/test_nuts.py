@@ -322,6 +322,11 @@ def test_random_draws_are_hashed_once_per_chain_not_per_coordinate():
     assert _hashing_vector_kernels(hlo) == []  # ... and none in a per-coordinate kernel
 
 
+# A cell of (adaptation x dtype): make test runs step-size warm-up against the reference
+# under x64 (test_nuts_inputs.py, step sizes compared too), float32 warm-up under window
+# adaptation (test_adaptation.py), and the adapted step from too large a start
+# (test_warmup_reaches_target_acceptance_from_either_side below).
+@pytest.mark.matrix
 def test_differential_warmup():
     chains = 3
     x0 = jax.random.normal(jax.random.PRNGKey(7), (chains, 4))

@@ -91,6 +91,8 @@ def test_float64_under_x64_equals_the_chain_by_chain_python():
         np.testing.assert_array_equal(np.asarray(out.info.num_integration_steps),
                                       np.asarray(ref.info.num_integration_steps))
         np.testing.assert_allclose(np.asarray(out.position), np.asarray(ref.position), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(out.step_size), np.asarray(ref.step_size), rtol=1e-10)
+        assert (np.asarray(out.step_size) != 0.3).all()   # the warm-up adapted it
         with pytest.raises(pcbatch.ArgumentError, match="float32 \\(or float64 under jax_enable_x64\\)"):
             nuts.sample(laplace, x0.astype(jnp.float16), KEY, num_samples=4, step_size=0.3)
 
