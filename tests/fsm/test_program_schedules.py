@@ -243,6 +243,9 @@ def narrow_pool(tree_case):
     return f.with_options(max_lanes=24, lane_width=4)
 
 
+# A cell of (trace x pool), ~2.6 CPU s of its own: make test traces the wide pool (above,
+# against the simulation) and runs the narrow one (test_schedules_under_pool_pressure...).
+@pytest.mark.matrix
 def test_trace_of_a_narrow_pool_counts_the_lanes_each_step_ran(tree_case, narrow_pool):
     f, args = tree_case
     g = narrow_pool
@@ -255,7 +258,7 @@ def test_trace_of_a_narrow_pool_counts_the_lanes_each_step_ran(tree_case, narrow
 
 
 # Each schedule compiles this pool's machine again: `make test` runs returns_last (the default
-# with forks), the machine the test above compiled; depth and agenda run on the wide pool above
+# with forks); depth and agenda run on the wide pool above
 # (the fork-join rows, and agenda's trace); `make test-matrix` runs all three here.
 @pytest.mark.parametrize("name", [pytest.param("depth", marks=pytest.mark.matrix),
                                   pytest.param("agenda", marks=pytest.mark.matrix), "returns_last"])
