@@ -115,6 +115,9 @@ def test_summary_of_fewer_than_four_draws_is_a_named_error():
         out.summary()
 
 
+# A cell of (positions' dtype x x64), a compile of its own: make test runs float64 under x64
+# (above, against the reference) and float32 without x64 (every other test).
+@pytest.mark.matrix
 def test_float32_positions_under_x64_stay_float32():
     """The momenta are drawn in the positions' dtype (as BlackJAX does): float64 noise
     promoted the float32 chains, and JAX warned of a float64 scatter into float32 draws."""
