@@ -25,16 +25,15 @@ def check(fn, *args, fork, jit):
 
 
 # Each machine (fork x eager/jit) compiles the program again: `make test` runs each program
-# on two of the four, one eager and one under jit, alternating which fork each gets (every
-# machine meets half the programs); `make test-matrix` runs the other two.
+# on one of the four, and each machine on at least one program (the forked one on the
+# recursion that forks); `make test-matrix` runs the other cells.
 MACHINES = [(False, False), (True, True), (True, False), (False, True)]  # (fork, jit)
 
 
-def machines(k: int) -> list:
-    """The four machines for the k-th program: two in `make test`, two `matrix`."""
-    kept = MACHINES[:2] if k % 2 == 0 else MACHINES[2:]
+def machines(kept: tuple[bool, bool]) -> list:
+    """The four machines for a program: `kept` in `make test`, the others `matrix`."""
     return [pytest.param(fork, jit, id=f"fork={fork}-{'jit' if jit else 'eager'}",
-                         marks=() if (fork, jit) in kept else (pytest.mark.matrix,)) for fork, jit in MACHINES]
+                         marks=() if (fork, jit) == kept else (pytest.mark.matrix,)) for fork, jit in MACHINES]
 
 
 def named_constant(x):
@@ -44,7 +43,7 @@ def named_constant(x):
     return x - k
 
 
-@pytest.mark.parametrize("fork, jit", machines(0))
+@pytest.mark.parametrize("fork, jit", machines((False, False)))
 def test_a_named_python_number_stays_weakly_typed(fork, jit):
     got = check(named_constant, jnp.array([100, 1, -120, 27], jnp.int8), fork=fork, jit=jit)
     np.testing.assert_array_equal(got, [0, 101, 36, 127])  # 100+100 wraps to -56: 100-100; -120-100 wraps to 36
@@ -57,7 +56,7 @@ def recursive_sum(x, n):
     return recursive_sum(x, n - 1) + recursive_sum(x + 1, n - 2)
 
 
-@pytest.mark.parametrize("fork, jit", machines(1))
+@pytest.mark.parametrize("fork, jit", machines((True, False)))
 def test_a_weak_constant_in_a_forked_recursion(fork, jit):
     got = check(recursive_sum, jnp.array([50, -7, 100, 20], jnp.int8), jnp.array([3, 1, 4, 0]), fork=fork, jit=jit)
     assert int(got[2]) == 0 and int(got[3]) == 1
@@ -90,17 +89,17 @@ def count_up(n):
     return acc
 
 
-RANGE_COUNTERS = [
-    (squares, (jnp.array([20, 5, 30], jnp.int8),), [2470, 30, 8555]),
-    (countdown, (jnp.array([0, 5, 255], jnp.uint8),), [0, 15, 32640]),
-    (doubling, (jnp.array([3, 100, 1], jnp.int8), jnp.array([2, 3, 4])), [13, 36, 27]),
-    (count_up, (jnp.array([0, 5, 255], jnp.uint8),), [0, 0, 300]),
+RANGE_COUNTERS = [  # (fn, args, expected, the machine `make test` runs it on)
+    (squares, (jnp.array([20, 5, 30], jnp.int8),), [2470, 30, 8555], (True, True)),
+    (countdown, (jnp.array([0, 5, 255], jnp.uint8),), [0, 15, 32640], (False, True)),
+    (doubling, (jnp.array([3, 100, 1], jnp.int8), jnp.array([2, 3, 4])), [13, 36, 27], (False, True)),
+    (count_up, (jnp.array([0, 5, 255], jnp.uint8),), [0, 0, 300], (True, False)),
 ]
 
 
 @pytest.mark.parametrize("fn, args, expected, fork, jit", [
-    pytest.param(*case, *m.values, id=f"{case[0].__name__}-{m.id}", marks=m.marks)
-    for k, case in enumerate(RANGE_COUNTERS) for m in machines(k)])
+    pytest.param(*case[:3], *m.values, id=f"{case[0].__name__}-{m.id}", marks=m.marks)
+    for case in RANGE_COUNTERS for m in machines(case[3])])
 def test_a_range_counter_is_a_python_int(fn, args, expected, fork, jit):
     got = check(fn, *args, fork=fork, jit=jit)
     np.testing.assert_array_equal(got, expected)
