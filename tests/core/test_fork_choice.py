@@ -115,9 +115,9 @@ def test_traced_call_with_a_large_pool_does_not_fork():
     assert c.fork is False and "afresh" in c.reason
     small = tree_rnn.with_options(tuning=pcbatch.Tuning(fork_max_traced_pool_bytes=1 << 40))
     assert chosen(small, (weights(), tree, root), traced=True).fork is True
-    # eagerly with forks; under jit without: both equal the Python
-    assert_agree(tree_rnn.reference(weights(), tree, root), lambda: tree_rnn(weights(), tree, root),
-                 lambda: jax.jit(tree_rnn)(weights(), tree, root))
+    # Under jit without forks, it equals the Python. (The eager pick, a pool of H-vectors, would
+    # compile for seconds: eager pools of tree walks run in test_tree_walks_fork_eagerly_and_under_jit.)
+    assert_agree(tree_rnn.reference(weights(), tree, root), lambda: jax.jit(tree_rnn)(weights(), tree, root))
 
 
 def test_small_batch_or_small_pool_does_not_fork():
@@ -165,9 +165,9 @@ def test_eager_calls_count_the_lanes_their_shallow_stacks_buy():
     assert traced.fork is False and "(4 lanes per example" in traced.reason
     eager = chosen(f, (tree, root))   # shares the traced call's machine, and still measures
     assert eager.measure and "holds 32 lanes per example" in eager.reason, eager.reason
-    want = tree_sizes(8)
-    np.testing.assert_array_equal(np.asarray(f(tree, root)), want)
-    np.testing.assert_array_equal(np.asarray(jax.jit(f)(tree, root)), want)
+    # The eager call's result (a traced call's machine, one lane per example, runs under jit in
+    # test_where_the_rule_cannot_tell_the_first_eager_call_measures[jit]).
+    np.testing.assert_array_equal(np.asarray(f(tree, root)), tree_sizes(8))
 
 
 def test_program_without_forks():
