@@ -5,8 +5,10 @@ Each distinct batch shape compiles a machine, so every batch of many examples
 has one size (16: the divergent examples cycled, the random batches, and the
 call under `jax.jit`), beside batches of 1, and hypothesis example counts are
 low. The batch of one and the call under `jax.jit` each compile one more
-machine per program: `make test` runs each program under one of the two
-(alternating, so each meets half the corpus), `make test-matrix` the other.
+machine per program: `make test` runs a quarter of the corpus in batches of
+one and another quarter under `jax.jit`, with every program that has shared
+(`in_axes=None`) arguments, which `jax.jit` traces too; every program runs its
+batch of 16 eagerly in `make test`, and `make test-matrix` runs the other cells.
 
 Floats: the batched machine is one XLA program, which may contract `a * b + c`
 into a fused multiply-add while the per-example reference runs op by op, so
@@ -31,9 +33,11 @@ NO_SHRINK = (Phase.explicit, Phase.generate)
 IDS = [c.name for c in CASES]
 
 
-def alternating(first: bool) -> list:
-    """CASES with every other program marked `matrix`: `first` keeps the even ones in `make test`."""
-    return [pytest.param(case, id=case.name, marks=() if (k % 2 == 0) == first else (pytest.mark.matrix,))
+def quarter(which: int, shared: bool = False) -> list:
+    """CASES with those marked `matrix` that are not the `which`-th in every four (or, with
+    `shared`, have no shared argument)."""
+    return [pytest.param(case, id=case.name,
+                         marks=() if k % 4 == which or (shared and case.shared) else (pytest.mark.matrix,))
             for k, case in enumerate(CASES)]
 
 
@@ -110,13 +114,13 @@ def test_random_batch(case, data):
     check(case, data.draw(st.lists(mixed(case), min_size=BATCH, max_size=BATCH), label="examples"))
 
 
-@pytest.mark.parametrize("case", alternating(first=False))
+@pytest.mark.parametrize("case", quarter(2))
 def test_batch_of_one(case):
     for k, example in enumerate(case.divergent):
         assert_same(case, case.fn(*case.args([example])), divergent_reference(case, [k]))
 
 
-@pytest.mark.parametrize("case", alternating(first=True))
+@pytest.mark.parametrize("case", quarter(0, shared=True))
 def test_under_jit(case):
     jitted = jax.jit(lambda *a: case.fn(*a))(*case.args(case.batch(BATCH)))
     assert_same(case, jitted, divergent_reference(case, cycled(case)))
