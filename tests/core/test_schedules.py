@@ -7,12 +7,15 @@ forked programs and the models run under every schedule in
 tests/fsm/test_program_schedules.py.
 
 Each schedule costs a compile per program, so `make test` runs each program
-under one of the four (in turn: every schedule still meets a quarter of the
-corpus, thirteen programs); `make test-matrix` runs the other three."""
+that makes calls (where the schedules differ most: which frames wait, which
+return first) under one of the four, in turn: every schedule meets six or seven
+of them. Every program, the loop-only ones included, runs under the default
+schedule in test_corpus.py; `make test-matrix` runs the other cells."""
 from __future__ import annotations
 
 import pytest
 
+import pcbatch
 import pcbatch.fsm as fsm
 from corpus import CASES  # tests/core is on sys.path (rootdir-less test dir)
 from test_corpus import assert_same, divergent_reference
@@ -21,10 +24,18 @@ SCHEDULES = ("depth", "returns_last", "agenda", "policy")
 BATCH = 7  # the divergent examples cycled: a policy is learned on them
 
 
+def _makes_calls(case) -> bool:
+    """Whether the program calls an autobatched function (itself or another)."""
+    names = case.fn.fn.__code__.co_names
+    return any(isinstance(case.fn.fn.__globals__.get(name), pcbatch.Autobatched) for name in names)
+
+
 def _rows():
-    for k, case in enumerate(CASES):
+    calling = [case for case in CASES if _makes_calls(case)]
+    for case in CASES:
+        k = calling.index(case) if case in calling else None
         for j, schedule in enumerate(SCHEDULES):
-            marks = () if j == k % len(SCHEDULES) else (pytest.mark.matrix,)
+            marks = () if k is not None and j == k % len(SCHEDULES) else (pytest.mark.matrix,)
             yield pytest.param(case, schedule, marks=marks, id=f"{case.name}-{schedule}")
 
 
