@@ -30,9 +30,10 @@ def expected():
     return np.asarray([runaway_py(float(x), int(n)) if ok else np.nan for x, n, ok in zip(X, N, GOOD)])
 
 
-# Each cell compiles three machines (jit of checked, jit, eager): `make test` runs the
-# default schedule on both pools and every other schedule on one (alternating), and
-# `make test-matrix` the other cells.
+# Each cell compiles two machines (jit of checked, jit), and the default schedule's a third, the
+# eager call that raises (the error is read from the run's status, whichever schedule ran it):
+# `make test` runs the default schedule on both pools and every other schedule on one
+# (alternating), and `make test-matrix` the other cells.
 _RUNAWAY_CELLS = {("auto", False), ("auto", True), ("earliest", True), ("returns_last", False), ("depth", True),
                   ("agenda", False)}
 
@@ -48,9 +49,10 @@ def test_one_runaway_example_is_the_only_one_flagged(schedule, fork):
     np.testing.assert_allclose(np.asarray(out)[GOOD], expected()[GOOD])
     poisoned = jax.jit(f)(X, N)  # inside jit: NaN for the flagged example only
     np.testing.assert_allclose(np.asarray(poisoned), expected())
-    with pytest.raises(pcbatch.MaxStepsExceededError) as info:
-        f(X, N)
-    assert info.value.examples == [1]
+    if schedule == "auto":
+        with pytest.raises(pcbatch.MaxStepsExceededError) as info:
+            f(X, N)
+        assert info.value.examples == [1]
 
 
 def deep_py(n):
