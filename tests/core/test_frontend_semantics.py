@@ -336,7 +336,9 @@ def max_min_mix(x, y, n):
     return max(x, y, 0.5) + min(n, 3) + max(jnp.stack([x, y])) + min([x, y]) + max(2, 3)
 
 
-@FORKS
+# fork=True in `make test`, where the recursion's two calls in max() fork; fork=False (one lane
+# per example, which every other test of this file runs) in `make test-matrix`.
+@pytest.mark.parametrize("fork", [pytest.param(False, marks=pytest.mark.matrix), True])
 def test_builtin_max_and_min_of_per_example_scalars(fork):
     """`1 + max(height(l), height(r))` was JAX's TracerBoolConversionError. Python
     keeps the first of equals and compares with `>`, so NaN first wins and NaN
