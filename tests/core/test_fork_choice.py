@@ -224,10 +224,13 @@ def test_fork_option_validated(bad):
         pcbatch.autobatch(lambda n: n, fork=bad)
 
 
-# Running each pool compiles a machine: `make test` runs the max_lanes one, `make test-matrix` both.
+# Running each pool compiles a machine (seconds): `make test` checks what each option picks,
+# `make test-matrix` runs both pools too (fib's pool with max_lanes=64 runs in
+# tests/core/test_api.py::test_a_pool_compiled_for_checked_also_runs_plain_calls).
 @pytest.mark.parametrize("options, run", [
-    pytest.param(dict(max_lanes=64), True, id="max_lanes"),
+    pytest.param(dict(max_lanes=64), False, id="max_lanes"),
     pytest.param(dict(lane_width=32), False, id="lane_width"),
+    pytest.param(dict(max_lanes=64), True, id="max_lanes-run", marks=pytest.mark.matrix),
     pytest.param(dict(lane_width=32), True, id="lane_width-run", marks=pytest.mark.matrix)])
 def test_pool_options_ask_for_the_pool(options, run):
     n = jnp.arange(6)
