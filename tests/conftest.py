@@ -9,8 +9,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # JAX_COMPILATION_CACHE_DIR of your own wins; set it to "" to turn the cache off.
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_REPO, ".cache", "jax"))
-# Most machines here compile in 0.1-2 s; JAX's default threshold (1 s) would skip half of them.
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+# Every program, also the ~30 ms ones: the per-example Python and the tests run thousands of
+# eager ops, one tiny program per op and shape, which the other worker and the subprocesses
+# then read instead of compiling (six heavy files, cold, on two workers: 4-10% less CPU).
+# JAX's default threshold (1 s) would skip even half of the machines.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # The tests run small inputs, where compiling costs more than running: no LLVM
 # optimizations (tests/runtime/test_fork.py, cold: 2m44 -> 2m15) and XLA:CPU's older
 # elemental emitters instead of its fusion emitters (tests/core/test_corpus.py: 56 s -> 37 s),
