@@ -13,8 +13,6 @@ from __future__ import annotations
 import re
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import pcbatch
@@ -22,23 +20,14 @@ from grad_helpers import assert_close, check_vjp, random_cotangent
 from pcbatch.ir.core import Join, Pop
 from pcbatch import data
 from pcbatch.models import child_sum, nary
+from weights import numpy_weights  # tests/ is on sys.path (its conftest)
 
 VOCAB, HIDDEN = 50, 4
 TREES = data.batch(data.random_binary_trees(5, min_leaves=1, max_leaves=7, vocab=VOCAB,
                                             shape=("random", "left", "balanced", "right", "frontier")))
 
 
-def numpy_params(init):
-    """Weights of the shapes and dtypes `init(key, VOCAB, HIDDEN)` makes, N(0, 1/fan_in), drawn by
-    NumPy: the models' own init compiles a threefry normal per weight shape (~0.5 s of CPU each);
-    the differential checks need weights of the right shapes, not those values."""
-    rng = np.random.default_rng(0)
-    shapes = jax.eval_shape(lambda key: init(key, VOCAB, HIDDEN), jax.ShapeDtypeStruct((2,), jnp.uint32))
-    return jax.tree_util.tree_map(
-        lambda s: jnp.asarray(rng.standard_normal(s.shape) / np.sqrt(s.shape[-1]), s.dtype), shapes)
-
-
-PARAMS = {module: numpy_params(module.init_params) for module in (nary, child_sum)}
+PARAMS = {module: numpy_weights(module.init_params, VOCAB, HIDDEN) for module in (nary, child_sum)}
 
 
 def args(module):

@@ -5,12 +5,12 @@ follow the documented rule."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 from grad_helpers import assert_close
 from pcbatch.models import tree_classifier as tc
+from weights import numpy_weights  # tests/ is on sys.path (its conftest)
 
 
 def test_labels_follow_the_rule():
@@ -33,20 +33,10 @@ def test_labels_follow_the_rule():
     assert tc.left_majority(t._replace(word=word)) == 0
 
 
-def numpy_params(hidden):
-    """`tc.init_params`' shapes and dtypes, its matrices' N(0, 1/fan_in) drawn by NumPy, biases 0:
-    jax.random compiled a threefry per weight shape (~0.3-0.5 s of CPU each)."""
-    rng = np.random.default_rng(0)
-    shapes = jax.eval_shape(lambda key: tc.init_params(key, hidden=hidden), jax.ShapeDtypeStruct((2,), jnp.uint32))
-    return jax.tree_util.tree_map(lambda s: jnp.asarray(
-        rng.standard_normal(s.shape) / np.sqrt(s.shape[-1]) if len(s.shape) == 2 else np.zeros(s.shape), s.dtype),
-        shapes)
-
-
 def test_a_few_adam_steps_lower_the_loss():
     data = tc.labelled_trees(8, seed=0, min_leaves=2, max_leaves=6)
     model = tc.encoder.with_options(lane_width=16)
-    params = first = numpy_params(hidden=8)
+    params = first = numpy_weights(tc.init_params, hidden=8, zero_biases=True)
     optimizer = optax.adam(0.05)
     step = tc.make_step(optimizer, model)
     state = optimizer.init(params)
@@ -62,7 +52,7 @@ def test_train_rejects_counts_below_one():
     """`eval_every=0` divided by zero; `batch_size` 0 or negative trained on empty batches (NaN losses)."""
     import pytest
     data = tc.labelled_trees(8, seed=0, min_leaves=2, max_leaves=6)
-    params = numpy_params(hidden=8)
+    params = numpy_weights(tc.init_params, hidden=8, zero_biases=True)
     for kwargs in ({"eval_every": 0}, {"batch_size": 0}, {"batch_size": -4}, {"steps": 0}):
         with pytest.raises(ValueError, match=f"{next(iter(kwargs))} must be an int >= 1"):
             tc.train(params, data, **{"steps": 2, "batch_size": 4, "progress": False, **kwargs})

@@ -3,13 +3,12 @@
 an independent NumPy bottom-up Child-Sum Tree-LSTM."""
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pcbatch import data
 from pcbatch.models import child_sum_loop
+from weights import numpy_weights  # tests/ is on sys.path (its conftest)
 
 HIDDEN, MAX_NODES, MAX_CHILDREN = 8, 40, 6
 MODULES = ["bisect", "heapq", "textwrap", "json.decoder", "json.encoder", "colorsys", "fnmatch"]
@@ -23,14 +22,7 @@ def setup():
     pick = [int(order[i]) for i in np.linspace(0, len(order) - 1, 7).astype(int)]
     widest = int(np.argmax([int((t.children >= 0).sum(axis=1).max()) for t in got.trees]))
     trees = data.batch([got.trees[i] for i in pick + [widest]])
-    # Weights of init_params' shapes, N(0, 1/fan_in), drawn by NumPy: jax.random compiled a
-    # threefry per weight shape (~1 s of CPU here); the checks need the shapes, not those values.
-    rng = np.random.default_rng(0)
-    shapes = jax.eval_shape(lambda key: child_sum_loop.init_params(key, len(data.AST_VOCAB), HIDDEN),
-                            jax.ShapeDtypeStruct((2,), jnp.uint32))
-    params = jax.tree_util.tree_map(
-        lambda s: jnp.asarray(rng.standard_normal(s.shape) / np.sqrt(s.shape[-1]), s.dtype), shapes)
-    return params, trees
+    return numpy_weights(child_sum_loop.init_params, len(data.AST_VOCAB), HIDDEN), trees
 
 
 def _numpy_child_sum(params, tree):

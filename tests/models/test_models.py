@@ -23,6 +23,7 @@ import pytest
 import pcbatch
 from pcbatch import data
 from pcbatch.models import bilstm_tagger, child_sum, lattice_lstm, mv_rnn, nary, tree_gru, tree_lstm_2type
+from weights import numpy_weights  # tests/ is on sys.path (its conftest)
 
 VOCAB, HIDDEN, N_TAGS, CHARS = 50, 8, 5, 20
 MAX_LEAVES = 20
@@ -39,19 +40,9 @@ TREE_MODELS = {
 }
 
 
-def model_params(init, seed: int, *sizes, **kwargs):
-    """Weights of the shapes and dtypes `init(key, *sizes, **kwargs)` makes, N(0, 1/fan_in), drawn
-    by NumPy: the models' own init compiles a threefry normal per weight shape (~0.5 s of CPU each);
-    the differential checks need weights of the right shapes, not those values."""
-    rng = np.random.default_rng(seed)
-    shapes = jax.eval_shape(lambda key: init(key, *sizes, **kwargs), jax.ShapeDtypeStruct((2,), jnp.uint32))
-    return jax.tree_util.tree_map(
-        lambda s: jnp.asarray(rng.standard_normal(s.shape) / np.sqrt(s.shape[-1]), s.dtype), shapes)
-
-
 def _params(name: str, seed: int = 0):
     module, _ = TREE_MODELS[name]
-    return model_params(module.init_params, seed, VOCAB, HIDDEN)
+    return numpy_weights(module.init_params, VOCAB, HIDDEN, seed=seed)
 
 
 def assert_matches_reference(fn, *args):
@@ -264,7 +255,7 @@ def lattice_setup():
     # CPU to compile for eight; test_fork.py's test_lattice_lstm_at_recursive checks it)
     lats = data.batch(data.random_lattices(BATCH, seed=3, min_len=1, max_len=7, char_vocab=CHARS, word_vocab=VOCAB,
                                            n_segmentations=3))
-    params = model_params(lattice_lstm.init_params, 3, CHARS, VOCAB, HIDDEN)
+    params = numpy_weights(lattice_lstm.init_params, CHARS, VOCAB, HIDDEN, seed=3)
     return params, lats
 
 
@@ -310,7 +301,7 @@ def _lstm_outputs(p, xs):
 
 def test_bilstm_tagger_matches_reference_and_scan():
     chains = data.batch(data.random_chains(8, seed=5, min_len=1, max_len=12, vocab=VOCAB, n_tags=N_TAGS))
-    params = model_params(bilstm_tagger.init_params, 5, VOCAB, HIDDEN, n_tags=N_TAGS)
+    params = numpy_weights(bilstm_tagger.init_params, VOCAB, HIDDEN, n_tags=N_TAGS, seed=5)
     scores = assert_matches_reference(bilstm_tagger.bilstm_tagger, params, chains)
     assert scores.shape == (8, 12, N_TAGS)
     scores, embed = np.asarray(scores), np.asarray(params["embed"])

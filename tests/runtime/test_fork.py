@@ -52,6 +52,7 @@ from pcbatch.data.trees import SHAPES
 from pcbatch.errors import StackOverflowError
 from pcbatch.ir.interpret import run_stack_program
 from pcbatch.models import child_sum, lattice_lstm, mv_rnn, nary, tree_gru, tree_lstm_2type
+from weights import numpy_weights  # tests/ is on sys.path (its conftest)
 
 VOCAB, HIDDEN, CHARS = 50, 4, 20
 MAX_LEAVES = 12
@@ -157,21 +158,10 @@ LOOP_FORKING_MODELS = ("child_sum",)   # a loop over the children (a loop fork)
 _PARAMS: dict = {}
 
 
-def model_params(init, seed: int, *sizes):
-    """Weights of the shapes and dtypes `init(key, *sizes)` makes, N(0, 1/fan_in), drawn by
-    NumPy: the models' own init compiles a threefry normal per weight shape (~0.5-1 s of CPU
-    each, ~12 s in this file), and a differential check needs weights of the right shapes,
-    not those values."""
-    rng = np.random.default_rng(seed)
-    shapes = jax.eval_shape(lambda key: init(key, *sizes), jax.ShapeDtypeStruct((2,), jnp.uint32))
-    return jax.tree_util.tree_map(
-        lambda s: jnp.asarray(rng.standard_normal(s.shape) / np.sqrt(s.shape[-1]), s.dtype), shapes)
-
-
 def params_of(name: str):
     if name not in _PARAMS:
         module, _ = TREE_MODELS[name]
-        _PARAMS[name] = model_params(module.init_params, len(name), VOCAB, HIDDEN)
+        _PARAMS[name] = numpy_weights(module.init_params, VOCAB, HIDDEN, seed=len(name))
     return _PARAMS[name]
 
 
@@ -286,7 +276,7 @@ def lattice_case():
     lats = data.batch(data.random_lattices(7, seed=3, min_len=1, max_len=6, char_vocab=CHARS, word_vocab=VOCAB,
                                            n_segmentations=2))
     assert (lats.word_start >= 0).any()
-    return model_params(lattice_lstm.init_params, 3, CHARS, VOCAB, HIDDEN), lats, lats.length
+    return numpy_weights(lattice_lstm.init_params, CHARS, VOCAB, HIDDEN, seed=3), lats, lats.length
 
 
 def test_lattice_lstm_at_recursive():

@@ -29,6 +29,7 @@ from pcbatch.models import nary
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "core"))
 from corpus import CASES_BY_NAME  # noqa: E402
+from weights import numpy_weights  # noqa: E402  (tests/: its conftest)
 
 tree_leaves = jax.tree_util.tree_leaves
 AXIS = "batch"
@@ -237,7 +238,7 @@ def test_max_steps_names_global_examples():
 def test_nary_tree_lstm():
     """10 trees on 4 devices: 3 per device (2 padding), a lane pool per device
     sized from its 3 examples; the same results and blocks as on one device."""
-    params = nary.init_params(jax.random.PRNGKey(0), vocab=50, hidden=4)
+    params = numpy_weights(nary.init_params, 50, 4)
     trees = data.batch(data.random_binary_trees(10, seed=3, min_leaves=1, max_leaves=9, max_nodes=17, vocab=50))
     args = (params, trees, trees.root)
     fn = on(nary.nary_tree_lstm, None, lane_width=16)    # one width bucket: a quarter of the compile time
