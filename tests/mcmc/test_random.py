@@ -2,8 +2,9 @@
 and [0, 1) uniforms bit for bit; scaled uniforms and normals to the last bit
 or one ulp (XLA may contract the affine map into a fused multiply-add).
 
-Ours run under `jax.jit`, as in the machine: eagerly, each of threefry's
-unrolled ops compiled a kernel of its own per shape (~3 CPU-s a file)."""
+`split` and `uniform` are jitted in `_random` itself; `normal` (which the samplers do
+not call) runs under `jax.jit` here, as in a machine: eagerly, each of its ops would
+compile a kernel of its own per shape."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,8 +12,7 @@ import pytest
 
 from pcbatch.mcmc import _random
 
-split = jax.jit(_random.split, static_argnums=1)
-uniform = jax.jit(_random.uniform, static_argnums=1, static_argnames=("minval", "maxval"))
+split, uniform = _random.split, _random.uniform
 normal = jax.jit(_random.normal, static_argnums=1)
 
 
