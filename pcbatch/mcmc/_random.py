@@ -8,7 +8,10 @@ fuse into one loop and cost well under a microsecond. The results equal
 `jax.random`'s (default `threefry2x32` keys, `jax_threefry_partitionable`,
 the default since JAX 0.5): keys and uniforms on [0, 1) bit for bit, scaled
 uniforms and normals to within one ulp (XLA may fuse the affine map into a
-multiply-add on one side only); `tests/mcmc/test_random.py` checks it.
+multiply-add on one side only), in any float dtype; `tests/mcmc/test_random.py`
+checks it. Outside the loop too: the samplers' momentum noise (`inputs.split_keys`,
+128 chains x 1000 transitions x 100-d) compiles in ~0.5 s where `jax.random`'s
+took 2.3 s of XLA:CPU's time, and runs in 0.14 s against 0.69 s.
 
 Threefry-2x32 with 20 rounds is from Salmon et al., "Parallel random numbers:
 as easy as 1, 2, 3" (SC 2011): rotation constants and key schedule below.
@@ -67,23 +70,39 @@ def split(key: jax.Array, num: int = 2) -> jax.Array:
     return jnp.stack([b0, b1], axis=-1)
 
 
-def _bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+_UINT = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32, 64: jnp.uint64}
+
+
+def _bits(key: jax.Array, shape: tuple[int, ...], width: int = 32) -> jax.Array:
+    """`jax.random.bits(key, shape, uint{width})`: the hash's two words xored,
+    or side by side for 64 bits (JAX's partitionable threefry)."""
     b0, b1 = _counter_hash(key, int(np.prod(shape, dtype=np.int64)))
-    return (b0 ^ b1).reshape(shape)
+    if width == 64:
+        bits = (b0.astype(jnp.uint64) << np.uint64(32)) | b1.astype(jnp.uint64)
+    else:
+        bits = (b0 ^ b1).astype(_UINT[width])
+    return bits.reshape(shape)
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "dtype", "minval", "maxval"))
 def uniform(key: jax.Array, shape: tuple[int, ...] = (), dtype=jnp.float32, minval=0.0, maxval=1.0) -> jax.Array:
-    """`jax.random.uniform(key, shape, dtype, minval, maxval)` (float32)."""
-    if jnp.dtype(dtype) != jnp.float32:
-        raise ValueError("pcbatch.mcmc._random.uniform supports float32 only")
-    mantissa = (_bits(key, shape) >> np.uint32(32 - 23)) | np.uint32(0x3F800000)  # [1, 2)
-    floats = lax.bitcast_convert_type(mantissa, jnp.float32) - np.float32(1.0)
-    minval, maxval = np.float32(minval), np.float32(maxval)
+    """`jax.random.uniform(key, shape, dtype, minval, maxval)`: random mantissa
+    bits under the exponent of 1.0, in [1, 2), shifted and scaled."""
+    dtype = jax.dtypes.canonicalize_dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"pcbatch.mcmc._random.uniform draws floats, not {dtype}")
+    nbits, nmant = jnp.finfo(dtype).bits, jnp.finfo(dtype).nmant
+    width = 8 if nmant < 8 else nbits  # as JAX: a byte of bits where the mantissa is shorter
+    uint = _UINT[nbits]
+    bits = _bits(key, shape, width).astype(uint)
+    one = np.array(1.0, dtype)
+    floats = lax.bitcast_convert_type((bits >> uint(width - nmant)) | one.view(uint), dtype) - one
+    minval, maxval = np.array(minval, dtype), np.array(maxval, dtype)
     return lax.max(minval, floats * (maxval - minval) + minval)
 
 
 def normal(key: jax.Array, shape: tuple[int, ...] = (), dtype=jnp.float32) -> jax.Array:
-    """`jax.random.normal(key, shape, dtype)` (float32): sqrt(2) erfinv(u), u in (-1, 1)."""
-    lo = np.nextafter(np.float32(-1.0), np.float32(1.0))
-    return np.float32(np.sqrt(2.0)) * lax.erf_inv(uniform(key, shape, dtype, lo, 1.0))
+    """`jax.random.normal(key, shape, dtype)`: sqrt(2) erfinv(u), u in (-1, 1)."""
+    dtype = jax.dtypes.canonicalize_dtype(dtype)
+    lo = np.nextafter(np.array(-1.0, dtype), np.array(0.0, dtype), dtype=dtype)
+    return np.array(np.sqrt(2.0), dtype) * lax.erf_inv(uniform(key, shape, dtype, float(lo), 1.0))

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pcbatch
+from pcbatch.mcmc import _random
 
 
 def index_dtype() -> str:
@@ -131,6 +132,6 @@ def split_keys(keys: jax.Array, num_transitions: int, dim: int, dtype: str) -> t
     momenta, one row per transition, in the positions' `dtype`). Drawn before the loop: inside it, a
     normal draw for the few chains starting a transition would cost every lane."""
     def one(key):
-        k_tree, k_noise = jax.random.split(key)
-        return k_tree, jax.random.normal(k_noise, (num_transitions, dim), dtype)
+        k_tree, k_noise = _random.split(key)
+        return k_tree, _random.normal(k_noise, (num_transitions, dim), dtype)
     return jax.vmap(one)(keys)

@@ -13,7 +13,7 @@ import pytest
 from pcbatch.mcmc import _random
 
 split, uniform = _random.split, _random.uniform
-normal = jax.jit(_random.normal, static_argnums=1)
+normal = jax.jit(_random.normal, static_argnums=(1, 2))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2 ** 31 - 1])
@@ -34,6 +34,20 @@ def test_equals_jax_random(seed):
                                       jax.vmap(lambda k: jax.random.split(k, 4))(keys))
 
 
-def test_float32_only():
-    with pytest.raises(ValueError, match="float32"):
-        _random.uniform(jax.random.key_data(jax.random.PRNGKey(0)), (), jnp.float16)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_other_float_dtypes_equal_jax_random(dtype):
+    """As JAX draws them: 16 bits for float16, a byte for bfloat16 (a mantissa under 8
+    bits), 64 for float64 (the two hash words side by side): the samplers' noise is
+    drawn in the positions' dtype (`inputs.split_keys`)."""
+    with jax.threefry_partitionable(True), jax.enable_x64(dtype == "float64"):
+        key = jax.random.PRNGKey(3)
+        raw = jax.random.key_data(key)
+        np.testing.assert_array_equal(uniform(raw, (4, 3), dtype), jax.random.uniform(key, (4, 3), dtype))
+        got, want = normal(raw, (4, 3), dtype), jax.random.normal(key, (4, 3), dtype)
+        assert got.dtype == want.dtype == jnp.dtype(dtype)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_integers_are_refused():
+    with pytest.raises(ValueError, match="floats"):
+        _random.uniform(jax.random.key_data(jax.random.PRNGKey(0)), (), jnp.int32)
