@@ -147,8 +147,8 @@ def _run(fn: Function, bound: Bound, raise_errors: bool) -> tuple[Any, Status, S
                 result, status, _ = runner(exe, raise_errors)(inputs, exe.new_workspace())
         return result, status, prog, batch
     if exe.fork_choice is not None and exe.fork_choice.measure:
-        def run_once(e: Executable) -> None:
-            jax.block_until_ready(run_eagerly(fn, e, bound, True)[0])
+        def run_once(e: Executable) -> None:  # the call's own runner: the winner is compiled once
+            jax.block_until_ready(run_eagerly(fn, e, bound, raise_errors)[0])
 
         exe = measure_fork(fn.target, fn.callee, exe.signature, fn.options, fn.cache, run_once, fn.on_trace)
     result, status, prog = run_eagerly(fn, exe, bound, raise_errors)
