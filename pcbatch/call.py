@@ -201,7 +201,7 @@ def run_on_workspace(exe: Executable, inputs: dict[str, Any], plain_call: bool) 
     donated from call to call)."""
     workspace, exe.workspace = exe.workspace, None
     if workspace is None:
-        workspace = exe.new_workspace()
+        workspace = exe.new_workspace(eager=True)
     result, status, exe.workspace = runner(exe, plain_call)(inputs, workspace)
     return result, status
 

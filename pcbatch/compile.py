@@ -194,11 +194,11 @@ class Executable:
         """Machine lanes and settings for `batch` examples (`machine_config`)."""
         return machine_config(self.prog, batch, self.options)
 
-    def new_workspace(self) -> Any:
-        """Fresh stacks for one run (per device when sharded)."""
+    def new_workspace(self, eager: bool = False) -> Any:
+        """Fresh stacks for one run (per device when sharded); `eager`: outside any trace."""
         sharding = self.signature.sharding
         if sharding is None:
-            return new_workspace(self.prog, self.batch, self.config(self.batch)[1])
+            return new_workspace(self.prog, self.batch, self.config(self.batch)[1], eager)
         local = self.signature.local_batch
         return sharding.new_workspace(workspace_shapes(self.prog, local, self.config(local)[1]))
 
