@@ -119,7 +119,7 @@ def raw_keys(keys: Any, chains: int) -> jax.Array:
     if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
         keys = jax.random.key_data(keys)
     if keys.shape == (2,) and keys.dtype == jnp.uint32:
-        keys = jax.random.split(keys, chains)  # one key for all chains, as BlackJAX users pass
+        keys = _random.split(keys, chains)  # one key for all chains, as BlackJAX users pass (jax.random's keys)
     if keys.ndim != 2 or keys.dtype != jnp.uint32:
         raise invalid(f"keys must be one key, [chains, 2] uint32 (jax.random.split(key, chains)) "
                       f"or [chains] typed keys; got {keys.shape} {keys.dtype}")
