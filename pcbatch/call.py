@@ -223,8 +223,14 @@ def run_empty(fn: Function, bound: Bound) -> tuple[Any, Status]:
 
     ones = [tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((1,) + np.shape(x)[1:], jnp.result_type(x)), v)
             if bound.batched[p] else v for p, v in bound.values.items()]
-    shapes = jax.eval_shape(one, ones)
-    return tree_util.tree_map(lambda s: jnp.zeros((0,) + s.shape[1:], s.dtype), shapes)
+    result, status = jax.eval_shape(one, ones)
+    result = tree_util.tree_map(_no_examples, result)
+    # The status's per-example flags are empty; its scalars (`steps`, `peak_lanes`) stay scalars: 0.
+    return result, Status(*(_no_examples(s) if s.ndim else jnp.zeros((), s.dtype) for s in status))
+
+
+def _no_examples(s: jax.ShapeDtypeStruct) -> jax.Array:
+    return jnp.zeros((0,) + s.shape[1:], s.dtype)
 
 
 def run_differentiable(fn: Function, exe: Executable, inputs: dict[str, Any], bound: Bound,

@@ -162,6 +162,11 @@ def test_empty_batch_like_vmap(fork):
     assert out.shape == (0,) and out.dtype == jnp.float32 == want.dtype
     out = jax.jit(f)(jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.int32))
     assert out.shape == (0,)
+    # The status has a batch's shapes too: per-example flags empty, `steps` and `peak_lanes` scalars
+    # (no step ran), as `f.checked` gives them for any other batch.
+    _, status = f.checked(jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.int32))
+    assert status.overflow.shape == status.failed.shape == (0,)
+    assert status.steps.shape == status.peak_lanes.shape == () and int(status.steps) == 0
     tup = pcbatch.autobatch(lambda_free_pair, fork=False)(jnp.zeros((0, 3)))
     assert [t.shape for t in tup] == [(0, 3), (0,)]
 
