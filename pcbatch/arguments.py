@@ -146,7 +146,9 @@ def _jax_takes(dtype: np.dtype) -> bool:
     """Whether JAX holds arrays of `dtype` (not strings, objects, float128)."""
     if dtype not in _JAX_DTYPES:
         try:
-            jnp.zeros((0,), dtype)
+            # From NumPy, as the call converts it: int64 becomes int32 without x64 silently, where
+            # `jnp.zeros(..., int64)` warns about a dtype the user never asked JAX for.
+            jnp.asarray(np.zeros((0,), dtype))
             _JAX_DTYPES[dtype] = True
         except (TypeError, ValueError):
             _JAX_DTYPES[dtype] = False

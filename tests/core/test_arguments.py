@@ -5,6 +5,7 @@ Every result is checked against the plain Python function run per example
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +81,17 @@ def test_python_numbers_lists_and_numpy_scalars():
     np.testing.assert_allclose(affine([0.0, 1.0, 2.0]), loop(affine_py, jnp.asarray([0.0, 1.0, 2.0])))
     np.testing.assert_allclose(affine(XS, np.float32(3.0)), loop(affine_py, XS, a=3.0))
     np.testing.assert_allclose(affine(XS, [2.0, 2.0, 2.0, 2.0]), loop(affine_py, XS, XS * 0 + 2.0))
+
+
+def test_numpy_float64_arguments_convert_silently_as_in_jax():
+    """Without x64, JAX takes a float64 NumPy array as float32 without a word; pcbatch's check
+    that JAX holds the dtype warned "Explicitly requested dtype float64", from pcbatch's code."""
+    from pcbatch import arguments
+    arguments._JAX_DTYPES.clear()  # the check runs once per dtype per process
+    xs = np.arange(4.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(affine(xs), loop(affine_py, jnp.asarray(xs)))
 
 
 def test_bad_arguments_are_named_errors():
