@@ -176,9 +176,9 @@ class Autobatched:
         """The executable and inputs of a call whose record Python reads (`trace`,
         `tape_info`): its arguments must be concrete."""
         bound = self._bind(args, kwargs)
-        if any(map(differentiation.is_tracer, tree_util.tree_leaves(bound.values))):
+        if differentiation.traced(tree_util.tree_leaves(bound.values)):
             raise ArgumentError(self.__name__, f"`{what}` runs the machine and reads its record in Python, so it "
-                                               "needs concrete arguments, not values traced by jax.jit/grad/vmap",
+                                               "needs concrete arguments, outside jax.jit/grad/vmap",
                                 "call it outside the transformation, on the same shapes.")
         return self._executable(bound)
 

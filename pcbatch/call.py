@@ -78,7 +78,7 @@ class Function:
         sharding = sharding_.current(self.sharding)
         sharding_.check_global_inputs(sharding, tree_util.tree_leaves(values))
         sig = Signature.of(tuple(not bound.batched[p] for p in params), bound.batch, sharding, values)
-        traced = any(map(differentiation.is_tracer, tree_util.tree_leaves(values)))
+        traced = differentiation.traced(tree_util.tree_leaves(values))
         exe = executable(self.target, self.callee, sig, self.options, self.cache, traced, self.on_trace)
         return exe, inputs_of(exe, bound)
 
@@ -135,7 +135,7 @@ def _run(fn: Function, bound: Bound, raise_errors: bool) -> tuple[Any, Status, S
     exe, inputs = fn.executable(bound)
     prog, batch = exe.prog, bound.batch
     leaves = tree_util.tree_leaves(inputs)
-    if any(differentiation.is_tracer(x) for x in leaves):
+    if differentiation.traced(leaves):
         with warnings.catch_warnings():
             # Under an eager jax.vmap the runner's workspace cannot be donated: only a hint lost.
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")

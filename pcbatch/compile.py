@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pcbatch import _context
+from pcbatch import _context, differentiation
 from pcbatch.fork_choice import ForkChoice, choose_fork
 from pcbatch.frontend import BoundFunction, build_program
 from pcbatch.fsm import Fair, Policy, get_scheduler
@@ -367,8 +367,8 @@ class TopLevelJit:
     top: Callable     # the same with the options, for concrete calls
 
     def __call__(self, inputs: Any, workspace: Any) -> Any:
-        leaves = jax.tree_util.tree_leaves((inputs, workspace))
-        return (self.traced if any(isinstance(x, jax.core.Tracer) for x in leaves) else self.top)(inputs, workspace)
+        traced = differentiation.traced(jax.tree_util.tree_leaves((inputs, workspace)))
+        return (self.traced if traced else self.top)(inputs, workspace)
 
     def lower(self, inputs: Any, workspace: Any) -> Any:
         return self.top.lower(inputs, workspace)

@@ -17,6 +17,7 @@ import importlib
 from typing import Any
 
 import jax
+import numpy as np
 
 
 def _classes(module: str, *names: str) -> tuple[type, ...]:
@@ -73,6 +74,24 @@ def _trace_state_clean() -> Any:
 
 
 outside_transformations = _trace_state_clean()
+
+
+def staged() -> bool:
+    """Whether a JAX operation called now on concrete values is staged into a
+    caller's program (inside `jax.jit`, a `lax.cond` branch, a `lax.scan`
+    body, `jax.eval_shape`, ...) rather than evaluated: a call on concrete
+    arguments (closed over by the jitted function) is then traced into the
+    caller's program, like one on traced arguments. Under `jax.vmap` or
+    `jax.jvp` alone, an operation on values they do not carry is evaluated."""
+    if outside_transformations():
+        return False
+    return is_tracer(jax.lax.add(np.int32(0), np.int32(0)))  # dead code where staged (dropped by jit)
+
+
+def traced(leaves: list[Any]) -> bool:
+    """Whether a machine called on `leaves` runs inside a caller's trace (its
+    results are tracers), not eagerly."""
+    return any(map(is_tracer, leaves)) or staged()
 
 
 def captured(fn: Any, constants: tuple[tuple[str, Any], ...]) -> list[tuple[str, Any]]:

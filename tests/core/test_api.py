@@ -283,6 +283,18 @@ def test_works_under_jit_and_vmap_of_results():
     np.testing.assert_array_equal(out, [2 * c for c in COLLATZ])
 
 
+def test_a_call_on_concrete_arguments_inside_jit_is_traced_into_it():
+    """Arguments closed over by a jitted function (or a lax.cond branch, a scan body) are
+    concrete there: the call ran the eager machine inside the trace, which raised JAX's
+    "compiler_options can only be passed to top-level jax.jit" or kept a leaked tracer as
+    its workspace, and every later call raised UnexpectedTracerError."""
+    n = jnp.asarray(N)
+    for _ in range(2):
+        np.testing.assert_array_equal(jax.jit(lambda: bare(n) * 2)(), [2 * c for c in COLLATZ])
+        np.testing.assert_array_equal(jax.jit(lambda: bare.checked(n)[0])(), COLLATZ)
+    np.testing.assert_array_equal(bare(n), COLLATZ)
+
+
 # --- listings ---------------------------------------------------------------
 
 @pcbatch.autobatch
