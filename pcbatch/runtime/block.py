@@ -102,6 +102,9 @@ def run_prim(op: Prim, read, types: Any, lanes: int | None) -> dict[str, Any]:
     (`read(v)` gives `(value, batched)`), each output cast to its type."""
     vals, batched = zip(*(read(v) for v in op.ins)) if op.ins else ((), ())
     vals = tuple(as_typed(x, types[v]) if is_weak(types[v]) else x for v, x in zip(op.ins, vals))
+    # A value with no leaves (None: what a function that returns nothing returns) has no
+    # batch axis to map over: jax.vmap refuses it as the only batched input.
+    batched = tuple(b and bool(jax.tree_util.tree_leaves(x)) for x, b in zip(vals, batched))
     if any(batched):
         try:
             outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)

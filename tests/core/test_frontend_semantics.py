@@ -297,6 +297,19 @@ def test_a_loop_over_a_constant_nonempty_range_assigns_its_variable():
         pcbatch.autobatch(never_runs).lowered(jnp.array([1, 2]))
 
 
+def walk_none(n):
+    if n > 0:
+        walk_none(n - 1)  # its result, None, is read and dropped
+
+
+@FORK_TRUE_IN_MATRIX
+def test_a_function_that_returns_nothing_calls_itself(fork):
+    n = [0, 2, 5]
+    want = [walk_none(k) for k in n]  # Python: None for each
+    assert want == [None] * 3
+    assert pcbatch.autobatch(walk_none, fork=fork)(jnp.array(n)) is None
+
+
 def comprehension_if_exp(x):
     return sum([x * i if i % 2 else -i for i in range(4)])
 
