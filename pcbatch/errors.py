@@ -122,9 +122,9 @@ class MaxStepsExceededError(PcbatchError):
         shown = ", ".join(where[:10])
         super().__init__(
             f"{len(examples)} example(s) still running after max_steps={max_steps} VM steps: {shown}.\n"
-            "Hint: a loop may not terminate for these inputs; otherwise raise `max_steps=`. "
-            "One runaway example can starve the others (the scheduler keeps picking its blocks), "
-            "so not every example listed is necessarily looping."
+            "Hint: a loop may not terminate for these inputs; otherwise raise `max_steps=`. With a "
+            "bound the scheduler takes turns (no example starves the others), which can take a few "
+            "more steps than an unbounded run's `status.steps`."
         )
 
 
