@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pcbatch.errors import Loc, PcbatchError, TypeJoinWarning, TypeMismatchError, UnsupportedSyntaxError
 from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
@@ -86,9 +87,29 @@ _CONCRETE: tuple[tuple[type, str, str], ...] = (
 )
 
 
+def _arrays_only(op: Prim):
+    """`op.fn`, raising a named error where it makes a value that is no array
+    (`h = jnp.abs`, `g = f`): JAX's would say an internal function returned it."""
+    def fn(*xs: Any) -> tuple:
+        outs = op.fn(*xs)
+        for var, x in zip(op.outs, outs):
+            bad = [v for v in jax.tree_util.tree_leaves(x)
+                   if not isinstance(v, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))]
+            if bad:
+                local = var.rpartition(".")[2]
+                named = "" if local.startswith("_") or local == "<ret>" else f" (assigned to `{local}`)"
+                raise UnsupportedSyntaxError(
+                    f"`{op.text}`{named} is not an array but a `{type(bad[0]).__name__}`: every variable (and "
+                    "every value returned) of an autobatched function holds arrays", op.loc or Loc("<unknown>", 0),
+                    "call a function where you use it (`jnp.abs(x)`, `f(n - 1)` by its own name), or assign a "
+                    "lambda (`h = lambda v: jnp.abs(v)`). See README.md, 'Supported Python'.")
+        return outs
+    return fn
+
+
 def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
     try:
-        closed, shapes = jax.make_jaxpr(op.fn, return_shape=True)(*in_types)
+        closed, shapes = jax.make_jaxpr(_arrays_only(op), return_shape=True)(*in_types)
         check_batchable_ops(closed.jaxpr, op.text, op.loc)
         return shapes
     except Exception as e:

@@ -710,3 +710,16 @@ def test_a_line_jax_cannot_batch_is_a_named_error():
     with pytest.raises(UnsupportedSyntaxError, match="cannot be batched") as e:
         pcbatch.autobatch(ordered_callback, fork=False)(jnp.asarray([1.0, 2.0]), jnp.asarray([1, 0]))
     assert "UNBATCHABLE" in str(e.value) and isinstance(e.value.__cause__, ValueError)
+
+
+def function_alias(n):
+    g = jnp.abs  # ALIAS
+    return g(n)
+
+
+def test_a_variable_holding_a_function_is_a_named_error():
+    """Found by a bug hunt: `g = jnp.abs` (or `g = f`, an autobatched function) was
+    JAX's raw TypeError from an internal function returning a non-JAX value."""
+    with pytest.raises(UnsupportedSyntaxError, match="assigned to `g`. is not an array") as e:
+        pcbatch.autobatch(function_alias, fork=False)(jnp.asarray([1, -2]))
+    assert "ALIAS" in str(e.value) and "lambda" in str(e.value)
