@@ -101,8 +101,10 @@ def _arrays_only(op: Prim):
                 raise UnsupportedSyntaxError(
                     f"`{op.text}`{named} is not an array but a `{type(bad[0]).__name__}`: every variable (and "
                     "every value returned) of an autobatched function holds arrays", op.loc or Loc("<unknown>", 0),
-                    "call a function where you use it (`jnp.abs(x)`, `f(n - 1)` by its own name), or assign a "
-                    "lambda (`h = lambda v: jnp.abs(v)`). See README.md, 'Supported Python'.")
+                    ("call a function where you use it (`jnp.abs(x)`, `f(n - 1)` by its own name), or assign a "
+                     "lambda (`h = lambda v: jnp.abs(v)`)." if callable(bad[0]) else
+                     "write the expression where it is used (`n.astype(xs.dtype)`), or make it a global of the "
+                     "module.") + " See README.md, 'Supported Python'.")
         return outs
     return fn
 
