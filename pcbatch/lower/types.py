@@ -25,6 +25,12 @@ from pcbatch.ir.keys import KEY_JOIN_HINT, check_batchable, check_batchable_ops,
 from pcbatch.ir.printer import format_type
 
 
+# `def f(n, y=None)` then `f(n - 1, y=...)`: Python skips the `if y is None` path per call.
+NONE_JOIN_HINT = ("a variable is None on one path and a value on another (a parameter left at its `None` default "
+                  "at one call and passed a value at another, say): pcbatch keeps one type per variable. Pass a "
+                  "value at every call (a default of the value's type, `y=0`), or use a second variable.")
+
+
 def _mismatch(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None,
               also: tuple[str, ...] = (), hint: str = "") -> TypeMismatchError:
     first, second = format_type(a), format_type(b)
@@ -51,7 +57,7 @@ def join(var: str, a: Any, a_loc: Loc | None, b: Any, b_loc: Loc | None, also: t
     la, ta = jax.tree_util.tree_flatten(a)
     lb, tb = jax.tree_util.tree_flatten(b)
     if ta != tb or any(x.shape != y.shape for x, y in zip(la, lb)):
-        raise _mismatch(var, a, a_loc, b, b_loc, also)
+        raise _mismatch(var, a, a_loc, b, b_loc, also, NONE_JOIN_HINT if None in (a, b) else "")
     out = []
     for x, y in zip(la, lb):
         if is_key(x.dtype) or is_key(y.dtype):  # a typed PRNG key: `jnp.result_type` promotes none

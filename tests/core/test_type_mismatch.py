@@ -161,3 +161,23 @@ def test_a_variable_merged_into_the_return_slot_is_named():
     assert text.startswith("variable `t` (the return value of `reshaped_then_returned`) has type f32[3] here:")
     assert line_of("# T_FIRST", reshaped_then_returned)[1] in text
     assert line_of("# T_SECOND", reshaped_then_returned)[1] in text
+
+
+@pcbatch.autobatch
+def none_default_then_passed(n, y=None):  # NONE_PARAM
+    if y is None:
+        return none_default_then_passed(n, y=n * 2)  # NONE_VALUE
+    if n <= 0:
+        return y
+    return none_default_then_passed(n - 1, y=y + 1)
+
+
+def test_a_parameter_none_at_one_call_and_a_value_at_another_says_so():
+    """Found by a bug hunt: Python runs this (`y` is None only at the first call);
+    pcbatch's one type per variable cannot, and the hint said to cast or reshape."""
+    with pytest.raises(TypeMismatchError) as info:
+        none_default_then_passed(N)
+    text = str(info.value)
+    assert text.startswith("variable `none_default_then_passed.y` has type None here:")
+    assert quote("# NONE_VALUE", none_default_then_passed) in text
+    assert "a parameter left at its `None` default" in text and "`y=0`" in text
