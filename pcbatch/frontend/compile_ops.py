@@ -105,10 +105,19 @@ class BoolRewriter(ast.NodeTransformer):
     def _membership(self, left: ast.expr, op: ast.cmpop, right: ast.expr) -> ast.expr | None:
         """`x in (0, 1)` over a literal tuple or list: `x == 0 or x == 1`, as
         Python's `in` compares (on a traced `x` it cannot call `bool()`; a set
-        would hash `x`, which Python cannot either)."""
-        if not (isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List))
-                and right.elts and not any(isinstance(e, ast.Starred) for e in right.elts)):
+        would hash `x`, which Python cannot either). Over anything else (a
+        global tuple, `range(a, b)`), `python_ops` decides when the values are seen."""
+        if not isinstance(op, (ast.In, ast.NotIn)):
             return None
+        if not (isinstance(right, (ast.Tuple, ast.List))
+                and right.elts and not any(isinstance(e, ast.Starred) for e in right.elts)):
+            if (isinstance(right, ast.Call) and isinstance(right.func, ast.Name) and right.func.id == "range"
+                    and 1 <= len(right.args) <= 3 and not right.keywords
+                    and not any(isinstance(a, ast.Starred) for a in right.args)):
+                out = self._call(PY, "in_range", left, right.func, *right.args)  # the name's value goes along
+            else:
+                out = self._call(PY, "contains", left, right)
+            return self._call(PY, "not_", out) if isinstance(op, ast.NotIn) else out
         value = ast.Name("_pcbatch_member", ast.Load())  # `x` evaluated once, as Python does
         out = None
         for e in right.elts:

@@ -95,6 +95,42 @@ def min_max(where: tuple[str, int, str], fn: Callable, *args: Any) -> Any:
     return out
 
 
+def _scalars(*xs: Any) -> bool:
+    return all(jnp.ndim(x) == 0 for x in xs)
+
+
+def contains(value: Any, container: Any) -> Any:
+    """`value in container` over a tuple or list (a global's, a variable's) of
+    per-example scalars: `value == e or ...`, as Python's `in` compares; anything
+    else (Python values, a dict, an array) is Python's own `in`."""
+    if (isinstance(container, (tuple, list)) and any(_traced(x) for x in (value, *container))
+            and _scalars(value, *container)):
+        out = False
+        for e in container:
+            out = jnp.logical_or(out, value == e)
+        return out
+    return value in container
+
+
+def in_range(value: Any, fn: Callable, *args: Any) -> Any:
+    """`value in fn(*args)` for the builtin `range` with a per-example value or
+    bound: Python's arithmetic test (the bounds, then `value` congruent to the
+    start modulo the step), which compares a float as Python does (`2.0 in
+    range(3)`). Anything else, a per-example step included (Python raises for a
+    step of 0), is `value in fn(*args)` itself."""
+    start, stop, step = ([0, *args, 1] if len(args) == 1 else [*args, 1])[:3]
+    bounds_int = all(isinstance(b, (bool, int)) or jnp.issubdtype(jnp.result_type(b), jnp.integer)
+                     for b in (start, stop))
+    if (fn is not range or not (_traced(value) or _traced(start) or _traced(stop)) or _traced(step)
+            or not isinstance(step, int) or step == 0 or not bounds_int or not _scalars(value, start, stop)):
+        return value in fn(*args)
+    if jnp.result_type(value) == jnp.bool_:
+        value = jnp.asarray(value, int)
+    inside = (start <= value) & (value < stop) if step > 0 else (stop < value) & (value <= start)
+    # Congruence without `value - start`, which could wrap.
+    return inside & (jnp.remainder(value, abs(step)) == jnp.remainder(start, abs(step)))
+
+
 def not_(value: Any) -> Any:
     return jnp.logical_not(value) if _traced(value) else not value
 

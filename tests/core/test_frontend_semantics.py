@@ -260,6 +260,22 @@ def test_membership_in_a_literal_tuple_compares_like_python(fork):
     check(membership, *args, fork=fork)
 
 
+ODD_SMALL = (1, 3, 5)
+
+
+def membership_beyond_literals(n):
+    a = (n in ODD_SMALL) + 2 * (n not in range(-3, 7, 3)) + 4 * (n in range(n // 2, 3))
+    return a + 8 * ((n * 0.5) in range(3)) + 16 * (2 in range(n, 10, 2))
+
+
+def test_membership_in_a_global_tuple_and_a_range_compares_like_python():
+    """Found by a bug hunt: `n in G` (a global tuple) and `n in range(a, b)` were
+    JAX's TracerBoolConversionError (Python's `in` calls bool() on each `==`)."""
+    n = jnp.array([0, 1, 2, 3, 5, -1, 4, 6, -3])
+    python = [int(membership_beyond_literals(n[i])) for i in range(len(n))]
+    assert pcbatch.autobatch(membership_beyond_literals, fork=False)(n).tolist() == python
+
+
 def optional_offset(x, y=None):
     if y is None:
         return x
