@@ -81,7 +81,8 @@ _CONCRETE: tuple[tuple[type, str, str], ...] = (
      "(`(a, b) == (1, 1)` is `(a == 1) & (b == 1)`, or jnp.all(...) over an array); a data-dependent "
      "`if`/`while` in a helper called here needs jnp.where/lax.cond, or @pcbatch.autobatch on the helper."),
     (jax.errors.TracerIntegerConversionError, "needs a per-example value as a Python int",
-     "`int(x)` is x.astype(jnp.int32); index with the value itself (`xs[i]`), or jax.lax.dynamic_slice."),
+     "`int(x)` is x.astype(jnp.int32); index with the value itself (`xs[i]`), or jax.lax.dynamic_slice; "
+     "a Python list or tuple indexed by a per-example value is an array (`jnp.asarray([10, 20, 30])[i]`)."),
     (jax.errors.TracerArrayConversionError, "needs a per-example value as a NumPy array",
      "use jnp in place of np on per-example values (`jnp.sin(x)`, not `np.sin(x)`)."),
     (jax.errors.NonConcreteBooleanIndexError, "indexes with a per-example boolean mask (a per-example shape)",
