@@ -98,7 +98,7 @@ class BoolRewriter(ast.NodeTransformer):
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
         if isinstance(node.op, ast.Not):
             operand = self.visit(node.operand)
-            out = self._call(PY, "not_", operand) if self.comprehensions else self._jnp("logical_not", operand)
+            out = self._call(PY, "not_", operand)  # Python's `not` on a Python value (`not (x,)`)
             return ast.copy_location(out, node)
         return self.generic_visit(node)
 

@@ -303,6 +303,12 @@ def _check_complete(prog: StackProgram, types: dict[str, Any], ops: Iterable[Pri
         if isinstance(b.term, Branch):
             t = types.get(b.term.cond)
             leaves = jax.tree_util.tree_leaves(t)
+            if b.term.cond in types and not isinstance(t, jax.ShapeDtypeStruct):  # None, a tuple, a dict
+                raise UnsupportedSyntaxError(
+                    f"a condition on {'None' if t is None else format_type(t)}, not on a per-example scalar: "
+                    f"Python's truth value of None or a container is fixed for every example",
+                    b.term.loc or Loc("<unknown>", 0),
+                    "test what you mean on a scalar (`t[0] != 0`, `y is not None`), or drop the test.")
             if len(leaves) != 1 or leaves[0].shape != ():
                 raise UnsupportedSyntaxError(
                     f"a condition must be one scalar per example, but `{b.term.cond}` is "

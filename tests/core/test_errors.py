@@ -723,3 +723,18 @@ def test_a_variable_holding_a_function_is_a_named_error():
     with pytest.raises(UnsupportedSyntaxError, match="assigned to `g`. is not an array") as e:
         pcbatch.autobatch(function_alias, fork=False)(jnp.asarray([1, -2]))
     assert "ALIAS" in str(e.value) and "lambda" in str(e.value)
+
+
+def condition_on_a_tuple(n):
+    t = (n,)
+    if t:  # TUPLE_TEST
+        return n
+    return -n
+
+
+def test_a_condition_on_a_tuple_is_a_named_error():
+    """Found by a bug hunt: `if t:` on a one-element tuple passed the check for one
+    scalar per example and failed in the runtime with JAX's raw ValueError."""
+    with pytest.raises(UnsupportedSyntaxError, match=r"a condition on \(i32\[\],\)") as e:
+        pcbatch.autobatch(condition_on_a_tuple, fork=False)(jnp.asarray([1, 2]))
+    assert "TUPLE_TEST" in str(e.value)

@@ -384,3 +384,14 @@ def test_builtin_max_and_min_of_per_example_scalars(fork):
     python = np.array([float(max_min_mix(x[i], y[i], n[i])) for i in range(4)], np.float32)
     np.testing.assert_array_equal(np.asarray(f(x, y, n)), python)   # NaN where Python's is NaN
     assert np.isnan(python[1]) and not np.isnan(python[0])
+
+
+def not_of_python_values(n):
+    return (not (n,)) + (not ()) * 2 + (not None) * 4 + (not n) * 8
+
+
+def test_not_of_a_python_value_is_pythons():
+    """Found by a bug hunt: `not (n,)` was JAX's raw TypeError (jnp.logical_not of a tuple)."""
+    n = jnp.array([0, 3])
+    python = [int(not_of_python_values(n[i])) for i in range(2)]
+    assert pcbatch.autobatch(not_of_python_values, fork=False)(n).tolist() == python
