@@ -16,7 +16,7 @@ from pcbatch import sharding as _sharding
 from pcbatch.arguments import Bound, bind, check_in_axes, check_signature, reference_call, target_of
 from pcbatch.call import Function
 from pcbatch.compile import Cache, Executable, block_ir
-from pcbatch.errors import ArgumentError, Loc, OptionError, UnsupportedSyntaxError
+from pcbatch.errors import HELPER_CALL_HINT, ArgumentError, Loc, OptionError, UnsupportedSyntaxError
 from pcbatch.frontend import BoundFunction
 from pcbatch.fsm import Policy, get_scheduler
 from pcbatch.ir.core import Program, StackProgram
@@ -140,11 +140,11 @@ class Autobatched:
         if _context.python_mode():
             return self.target(*args, **kwargs)
         if _context.building():
-            raise UnsupportedSyntaxError(
+            e = UnsupportedSyntaxError(
                 f"autobatched function `{self.__qualname__}` was called from primitive code",
-                Loc(self.fn.__code__.co_filename, self.fn.__code__.co_firstlineno),
-                "call it directly in the body of an autobatched function, not from an ordinary "
-                "helper function, lambda or comprehension.")
+                Loc(self.fn.__code__.co_filename, self.fn.__code__.co_firstlineno), HELPER_CALL_HINT)
+            e.callee = self.__qualname__  # type inference quotes the line that reached it
+            raise e
         return call.call(self._function, self._bind(args, kwargs))
 
     def checked(self, *args: Any, **kwargs: Any) -> tuple[Any, Status]:

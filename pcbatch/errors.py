@@ -53,6 +53,11 @@ class UnsupportedSyntaxError(PcbatchError):
         super().__init__(text)
 
 
+# An autobatched function called from code pcbatch traces as one example's JAX (api.py, lower/types.py).
+HELPER_CALL_HINT = ("call it directly in the body of an autobatched function, not from an ordinary helper "
+                    "function, lambda or comprehension (or decorate the helper with @pcbatch.autobatch too).")
+
+
 def _what(var: str) -> str:
     """How an error names an IR variable: `f.<ret>` is f's return value."""
     fn, _, local = var.rpartition(".")

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pcbatch.errors import Loc, PcbatchError, TypeJoinWarning, TypeMismatchError, UnsupportedSyntaxError
+from pcbatch.errors import (HELPER_CALL_HINT, Loc, PcbatchError, TypeJoinWarning, TypeMismatchError,
+                             UnsupportedSyntaxError)
 from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
 from pcbatch.ir.jaxtypes import all_eqns, type_key
 from pcbatch.ir.keys import KEY_JOIN_HINT, check_batchable, check_batchable_ops, is_key
@@ -123,6 +124,12 @@ def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
         return shapes
     except Exception as e:
         if isinstance(e, PcbatchError):  # raised by pcbatch's own code for the op: it quotes the line
+            callee = getattr(e, "callee", None)
+            if callee is not None and op.loc is not None:  # reached through a plain helper: quote the user's line
+                raise UnsupportedSyntaxError(
+                    f"`{op.text}` calls autobatched function `{callee}` through an ordinary Python function "
+                    "(a helper, lambda or comprehension), which pcbatch traces as one example's JAX code",
+                    op.loc, HELPER_CALL_HINT) from e
             raise
         if isinstance(e, TypeError) and op.loc is not None and any(t is None for t in in_types):
             names = ", ".join(f"`{v.rpartition('.')[2]}`" for v, t in zip(op.ins, in_types) if t is None)

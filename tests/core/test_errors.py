@@ -400,15 +400,18 @@ def _plain_helper(n):
 
 @pcbatch.autobatch
 def calls_helper_that_calls_autobatched(n):
-    return _plain_helper(n)
+    return _plain_helper(n)  # BAD
 
 
 def test_autobatched_call_from_plain_helper():
-    """A plain helper is inlined as primitive code; it cannot make batched calls."""
+    """A plain helper is inlined as primitive code; it cannot make batched calls.
+    The error quotes the line that calls the helper (it quoted `fib`'s decorator)."""
+    lineno, code = marked(calls_helper_that_calls_autobatched)
     with pytest.raises(UnsupportedSyntaxError) as info:
         calls_helper_that_calls_autobatched(N)
     assert "fib" in str(info.value)
     assert "Hint:" in str(info.value)
+    assert info.value.lineno == lineno and code in str(info.value)
 
 
 def test_unsupported_in_callee_points_at_callee():
