@@ -190,8 +190,18 @@ class Autobatched:
         bound = bound.indexable()
         outs = []
         with _context.in_python_mode():
-            for i in range(bound.batch):
-                outs.append(reference_call(self.target, bound.example(i)))
+            try:
+                for i in range(bound.batch):
+                    outs.append(reference_call(self.target, bound.example(i)))
+            except jax.errors.ConcretizationTypeError as e:
+                if not differentiation.traced(tree_util.tree_leaves(bound.values)):
+                    raise  # the user's own Python, on concrete values: as Python raises it
+                raise ArgumentError(
+                    self.__name__, "`reference` runs the original Python on each example, and under this "
+                                   "transformation (jax.jit, or a traced value) Python's `if`/`while` on a "
+                                   f"per-example value cannot be decided ({type(e).__name__})",
+                    "call f.reference outside jax.jit, on concrete values (jax.grad of it works where the "
+                    "Python does not branch on the differentiated values).") from e
         return tree_util.tree_map(_stack_examples, *outs)
 
     def trace(self, *args: Any, steps: int = 4096, per_lane: bool = False, **kwargs: Any) -> StepTrace:

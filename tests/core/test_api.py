@@ -295,6 +295,14 @@ def test_a_call_on_concrete_arguments_inside_jit_is_traced_into_it():
     np.testing.assert_array_equal(bare(n), COLLATZ)
 
 
+def test_reference_under_jit_is_a_named_error():
+    """The original Python cannot decide its `while` on traced values: a named error
+    (JAX's TracerBoolConversionError came out of the user's own line before)."""
+    np.testing.assert_array_equal(bare.reference(N[:2]), COLLATZ[:2])
+    with pytest.raises(pcbatch.ArgumentError, match="reference.*outside jax.jit"):
+        jax.jit(bare.reference)(N[:2])
+
+
 # --- listings ---------------------------------------------------------------
 
 @pcbatch.autobatch
