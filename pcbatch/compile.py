@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
@@ -27,11 +28,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from pcbatch import _context, differentiation
+from pcbatch.errors import TypeMismatchError
 from pcbatch.fork_choice import ForkChoice, choose_fork
-from pcbatch.frontend import BoundFunction, build_program
+from pcbatch.frontend import BoundFunction, build_program, convert_program, form_program
 from pcbatch.fsm import Fair, Policy, get_scheduler
 from pcbatch.ir.core import Program, StackProgram
+from pcbatch.ir.webs import multi_web, split_webs, splittable, web_names
 from pcbatch.lower import lower, specialize
+from pcbatch.lower.constants import qualify
+from pcbatch.lower.types import join as join_types
 from pcbatch.memory import LayoutReport, layout_program
 from pcbatch.options import Options
 from pcbatch.runtime import MachineConfig, Status, run_machine
@@ -223,13 +228,15 @@ class Cache:
     """What the pipeline made for one autobatched function and its options:
     one dict, keyed by each stage's inputs: `("frontend", fork, loops)`,
     `("lower", fork, loops, shared)`, `("specialize", fork, loops, signature)`,
+    where variables are split into webs (`specialized`) also `("converted",)`,
+    `("webs", split)` and the frontend's and lowering's keys with `split` added,
     `("fork choice", signature, traced)` and `("machine", signature, fork)`;
     and the function's copies: `("method", id)` (bound to an instance),
     `("schedule", key)`, `("shallow", depth)` and how `("bind", shapes)`
     binds positional arrays."""
 
     # Stages that depend on nothing but their key (not on other options): a copy with other options reuses them.
-    _OPTION_FREE = ("frontend", "lower", "specialize")
+    _OPTION_FREE = ("frontend", "converted", "webs", "lower", "specialize")
 
     def __init__(self) -> None:
         self._entries: dict[Hashable, Any] = {}
@@ -262,30 +269,100 @@ class Cache:
 
 
 Callee = Callable[[Any], BoundFunction | None]
+Split = frozenset[tuple[str, str]]  # (function, variable)s split into their webs (`ir/webs.py`)
 
 
 def block_ir(target: BoundFunction, callee: Callee, options: Options, cache: Cache,
-             fork: bool | None = None, loops: bool = True) -> Program:
+             fork: bool | None = None, loops: bool = True, split: Split = frozenset()) -> Program:
     """Stage 1, the frontend: the block IR, one control-flow graph per function
     (with `fork="auto"`, the IR with forks unless `fork` says otherwise;
-    `loops=False`: without loop forks, for the gradient pass)."""
+    `loops=False`: without loop forks, for the gradient pass), with each
+    `(function, variable)` in `split` split into its webs (`ir/webs.py`)."""
     fork = (options.fork is not False) if fork is None else fork
     loops = loops and fork
-    return cache.get(("frontend", fork, loops), lambda: build_program(target, callee, fork=fork, loops=loops))
+    if not split:
+        return cache.get(("frontend", fork, loops), lambda: build_program(target, callee, fork=fork, loops=loops))
+    return cache.get(("frontend", fork, loops, split),
+                     lambda: form_program(webs_ir(target, callee, cache, split), fork, loops))
+
+
+def webs_ir(target: BoundFunction, callee: Callee, cache: Cache, split: Split = frozenset()) -> Program:
+    """The block IR before fork formation, with each `(function, variable)`
+    in `split` split into its webs. Converted again, silently: `block_ir`'s
+    conversion of the same source has warned already."""
+    def convert() -> Program:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return convert_program(target, callee)
+    converted = cache.get(("converted",), convert)
+    return cache.get(("webs", split), lambda: split_webs(converted, split)) if split else converted
 
 
 def specialized(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,
                 fork: bool, loops: bool = True) -> StackProgram:
     """Stages 1-3: the frontend, lowering (per set of shared parameters: shared
-    values become constants) and specialization to this call's argument types."""
+    values become constants) and specialization to this call's argument types.
+    Where a variable's assignments do not agree on one type because Python
+    rebinds it (`h = h.sum()`), it is split into its webs and all is done
+    again, until the types agree or no split helps (the error is raised); a
+    program whose types agree is lowered as without webs."""
     loops = loops and fork
 
     def build() -> StackProgram:
-        program = block_ir(target, callee, options, cache, fork, loops)
-        lowered = cache.get(("lower", fork, loops, signature.shared), lambda: lower(program, signature.shared))
-        with _context.in_building():
-            return specialize(lowered, signature.types(lowered.entry_params))
+        split: Split = frozenset()
+        while True:
+            try:
+                return _specialized(target, callee, signature, options, cache, fork, loops, split)
+            except TypeMismatchError as e:
+                more = splittable(webs_ir(target, callee, cache, split), e.ir_vars) - split
+                if not more:
+                    return _split_everywhere(target, callee, signature, options, cache, fork, loops, e)
+                split |= more
     return cache.get(("specialize", fork, loops, signature), build)
+
+
+def _specialized(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,
+                 fork: bool, loops: bool, split: Split) -> StackProgram:
+    program = block_ir(target, callee, options, cache, fork, loops, split)
+    lowered = cache.get(("lower", fork, loops, signature.shared) + ((split,) if split else ()),
+                        lambda: lower(program, signature.shared))
+    with _context.in_building():
+        return specialize(lowered, signature.types(lowered.entry_params))
+
+
+def _split_everywhere(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,
+                      fork: bool, loops: bool, error: TypeMismatchError) -> StackProgram:
+    """Where the variable that fails has one web, the type it got may have
+    come from another's (`total = total + r`, typed before `r = f(...)`
+    rebinds `r` to another shape): split every variable with more than one
+    web, then keep split only those whose webs' types do not join. Raises
+    `error` where that fails too."""
+    converted = webs_ir(target, callee, cache)
+    every = multi_web(converted)
+    try:
+        prog = _specialized(target, callee, signature, options, cache, fork, loops, every)
+    except TypeMismatchError:
+        raise error from None
+    needed = frozenset(v for v in every if not _webs_join(prog, converted, *v))
+    if needed == every:
+        return prog
+    try:
+        return _specialized(target, callee, signature, options, cache, fork, loops, needed)
+    except TypeMismatchError:  # a join of the others' webs widened a dtype that mattered
+        return prog
+
+
+def _webs_join(prog: StackProgram, converted: Program, fn: str, var: str) -> bool:
+    """Whether the types `prog` gave `var`'s webs join (as one variable's assignments)."""
+    coalesced = {u: slot for slot, us in prog.merged.items() for u in us}
+    names = [coalesced.get(q, q) for q in (qualify(fn, v) for v in web_names(converted, fn, var))]
+    types = [prog.var_types[q] for q in names if q in prog.var_types]  # not there: dropped (dead)
+    try:
+        for t in types[1:]:
+            types[0] = join_types(var, types[0], None, t, None)
+    except TypeMismatchError:
+        return False
+    return True
 
 
 def executable(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,

@@ -1,7 +1,17 @@
 """Named exceptions. Every error a user can cause is a `PcbatchError`."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+# A variable split into webs (`pcbatch/ir/webs.py`): `h`, `h%w2`, ... are all the user's `h`.
+WEB_SUFFIX = "%w"
+_WEB = re.compile(re.escape(WEB_SUFFIX) + r"\d+(?![\w])")
+
+
+def user_name(var: str) -> str:
+    """The name the user wrote for an IR variable (a web's suffix dropped)."""
+    return _WEB.sub("", var) if WEB_SUFFIX in var else var
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,7 @@ HELPER_CALL_HINT = ("call it directly in the body of an autobatched function, no
 
 def _what(var: str) -> str:
     """How an error names an IR variable: `f.<ret>` is f's return value."""
+    var = user_name(var)
     fn, _, local = var.rpartition(".")
     return f"the return value of `{fn}`" if local == "<ret>" else f"variable `{var}`"
 
@@ -70,10 +81,12 @@ class TypeMismatchError(PcbatchError):
 
     def __init__(self, var: str, first: str, first_loc: Loc | None, second: str, second_loc: Loc | None,
                  also: tuple[str, ...] = (), hint: str = ""):
-        self.var = var
+        self.var = user_name(var)
+        self.ir_vars = (var, *also)  # the IR's own names, merged copies included: which to split (`ir/webs.py`)
         what = _what(var)
         # Variables copied into this one and merged with it: the user wrote these names.
-        named = [v.rpartition(".")[2] for v in also if not v.rpartition(".")[2].startswith("_")]
+        named = list(dict.fromkeys(user_name(v).rpartition(".")[2] for v in also
+                                   if not v.rpartition(".")[2].startswith("_")))
         if named:
             what = f"variable {', '.join(f'`{v}`' for v in named)} ({what})"
         where1 = f"\n{first_loc.quote()}" if first_loc else ""

@@ -16,15 +16,19 @@ from pcbatch.ir.verify import verify_program
 
 def build_program(entry: BoundFunction, unwrap: Callable[[Any], Optional[BoundFunction]],
                   fork: bool = True, loops: bool = True) -> Program:
-    """Convert `entry` and, transitively, the autobatched functions it calls.
+    """Convert `entry` and, transitively, the autobatched functions it calls
+    (`convert_program`), then form forks (`form_program`)."""
+    return form_program(convert_program(entry, unwrap), fork, loops)
+
+
+def convert_program(entry: BoundFunction, unwrap: Callable[[Any], Optional[BoundFunction]]) -> Program:
+    """The block IR of `entry` and, transitively, the autobatched functions it
+    calls, before fork formation.
 
     `unwrap(obj)` returns the function behind an autobatched object (with any
     parameters fixed by a partial or a bound method), or None for anything
     else; callees are looked up in each function's globals now, so mutual
-    recursion works in any definition order. With `fork`, independent calls
-    in a block become a `Fork` (`form_forks`) and, with `loops` too, a loop's
-    independent calls are launched at once (`form_loop_forks`; its notes say
-    which loops did not fork and why).
+    recursion works in any definition order.
     """
     names: dict[BoundFunction, str] = {}
     queue: list[BoundFunction] = []
@@ -53,7 +57,15 @@ def build_program(entry: BoundFunction, unwrap: Callable[[Any], Optional[BoundFu
     # count) but are not part of the program.
     calls = {f.name: {op.callee for b in f.blocks for op in b.ops if isinstance(op, Call)} for f in functions}
     live = closure([entry_name], calls.__getitem__)
-    kept = tuple(f for f in functions if f.name in live)
+    return Program(tuple(f for f in functions if f.name in live), entry_name)
+
+
+def form_program(program: Program, fork: bool = True, loops: bool = True) -> Program:
+    """With `fork`, independent calls in a block become a `Fork`
+    (`form_forks`) and, with `loops` too, a loop's independent calls are
+    launched at once (`form_loop_forks`; its notes say which loops did not
+    fork and why)."""
+    kept = program.functions
     notes: list[str] = []
     if fork and loops:
         # Twice: the first pass finds which functions launch calls in their caller's lane;
@@ -67,6 +79,6 @@ def build_program(entry: BoundFunction, unwrap: Callable[[Any], Optional[BoundFu
         # Tails are duplicated only here: along a fork path a step saved per
         # tree level outweighs the lost sharing; one lane per example gains little.
         kept = tuple(replace(f, blocks=duplicate_return_tails(form_forks(f).blocks)) for f in kept)
-    program = Program(kept, entry_name, tuple(notes))
+    program = Program(kept, program.entry, tuple(notes))
     verify_program(program)
     return program

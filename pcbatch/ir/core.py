@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Mapping, Union
 
-from pcbatch.errors import Loc
+from pcbatch.errors import Loc, user_name
 
 # How programs print: filled in by `pcbatch.ir.printer` (imported with the
 # package), so that the IR does not import its own printer.
@@ -390,9 +390,10 @@ def retext(text: str, reads: Mapping[str, str]) -> str:
     after a dot."""
     local = {}
     for old, new in reads.items():
-        old_fn, _, old_name = old.rpartition(".")
-        new_fn, _, new_name = new.rpartition(".")
-        if old != new and old_fn == new_fn:
+        # The text names a web (`ir/webs.py`) as the user's variable.
+        old_fn, _, old_name = user_name(old).rpartition(".")
+        new_fn, _, new_name = user_name(new).rpartition(".")
+        if old_name != new_name and old_fn == new_fn:
             local[old_name] = new_name
     if not local or not text:
         return text

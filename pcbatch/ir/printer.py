@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import jax
 
+from pcbatch.errors import user_name
 from pcbatch.ir.core import (
     FORMATTERS,
     CONSTANT,
@@ -141,6 +142,7 @@ class _Names:
         return re.sub(r"\b_+t\d+(?![\w%])", lambda m: self.local_renamed.get(m.group(0), m.group(0)), text)
 
     def _local(self, var: str) -> str:
+        var = user_name(var)  # a web prints as the user's variable
         fn, _, local = var.rpartition(".")
         return local if fn == self.owner or not fn else var
 
@@ -238,7 +240,8 @@ def format_stack_program(prog: StackProgram) -> str:
             leaves = jax.tree_util.tree_leaves(types.get(members[0]))
             shapes = ", ".join(format_type(jax.ShapeDtypeStruct((prog.stack_depth, prog.lanes) + l.shape, l.dtype))
                                for l in leaves)
-            out.append(f"    stack {renamed.get(name, name)} ({', '.join(renamed.get(m, m) for m in members)}): {shapes}")
+            shown = [user_name(renamed.get(v, v)) for v in (name, *members)]
+            out.append(f"    stack {shown[0]} ({', '.join(shown[1:])}): {shapes}")
     if prog.prelude:
         out.append("  prelude (before the loop: once, or once per example for invariants):")
         out += [f"    {_format_op(op, _Names(None, types, renamed))}" for op in prog.prelude]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pcbatch.errors import user_name
 from pcbatch.ir.core import (Await, Block, Branch, Collect, Fork, Join, Launch, Prim, op_reads, op_writes, retext,
                              term_reads)
 
 
 def is_copy(op) -> bool:
     return (isinstance(op, Prim) and len(op.ins) == 1 and len(op.outs) == 1
-            and op.text in ("", op.ins[0].rpartition(".")[2]))
+            and op.text in ("", user_name(op.ins[0]).rpartition(".")[2]))  # a web's text is the user's name
 
 
 def _live_after_ops(block: Block, live_out: set[str]) -> list[set[str]]:

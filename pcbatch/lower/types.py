@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pcbatch.errors import (HELPER_CALL_HINT, Loc, PcbatchError, TypeJoinWarning, TypeMismatchError,
-                             UnsupportedSyntaxError)
+                             UnsupportedSyntaxError, user_name)
 from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
 from pcbatch.ir.jaxtypes import all_eqns, type_key
 from pcbatch.ir.keys import KEY_JOIN_HINT, check_batchable, check_batchable_ops, is_key
@@ -104,7 +104,7 @@ def _arrays_only(op: Prim):
             bad = [v for v in jax.tree_util.tree_leaves(x)
                    if not isinstance(v, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))]
             if bad:
-                local = var.rpartition(".")[2]
+                local = user_name(var).rpartition(".")[2]
                 named = "" if local.startswith("_") or local == "<ret>" else f" (assigned to `{local}`)"
                 raise UnsupportedSyntaxError(
                     f"`{op.text}`{named} is not an array but a `{type(bad[0]).__name__}`: every variable (and "
@@ -132,7 +132,7 @@ def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
                     op.loc, HELPER_CALL_HINT) from e
             raise
         if isinstance(e, TypeError) and op.loc is not None and any(t is None for t in in_types):
-            names = ", ".join(f"`{v.rpartition('.')[2]}`" for v, t in zip(op.ins, in_types) if t is None)
+            names = ", ".join(f"`{user_name(v).rpartition('.')[2]}`" for v, t in zip(op.ins, in_types) if t is None)
             raise UnsupportedSyntaxError(
                 f"{names} is None here, and `{op.text}` cannot use None ({e}). pcbatch compiles every path "
                 "of the function, also one that Python skips for None (`if y is None: ...`)", op.loc,
@@ -260,7 +260,7 @@ def _warn_bool_joins(types: dict[str, Any], assigned: list[tuple[str, Any, Loc |
             continue
         if _computes_otherwise(as_bool, as_joined):
             warned.add((op.loc, op.text))
-            names = ", ".join(f"`{v.rpartition('.')[2]}`" for v in read)
+            names = ", ".join(f"`{user_name(v).rpartition('.')[2]}`" for v in read)
             warnings.warn_explicit(
                 f"`{op.text}` reads {names}, a bool on one path and {format_type(types[read[0]])} on another: "
                 f"pcbatch keeps one type per variable, so this computes on the number, where Python computes on "
@@ -287,7 +287,7 @@ def _warn_widened(types: dict[str, Any], assigned: list[tuple[str, Any, Loc | No
             if var in warned or loc is None or getattr(have, "weak_type", False) or not _widens(have.dtype, final.dtype):
                 continue
             warned.add(var)
-            fn, _, local = var.rpartition(".")
+            fn, _, local = user_name(var).rpartition(".")
             what = (f"the return value of `{fn}`" if local == "<ret>" else
                     f"a value of `{fn}`" if local.startswith("_") else f"`{local}`")
             other = f" (as at {origin[var]})" if origin.get(var) not in (None, loc) else ""
@@ -303,7 +303,7 @@ def _check_complete(prog: StackProgram, types: dict[str, Any], ops: Iterable[Pri
         missing = [v for v in op.ins if v not in types]
         if missing:
             raise UnsupportedSyntaxError(
-                f"cannot infer a type for `{missing[0]}`: no path assigns it before this use "
+                f"cannot infer a type for `{user_name(missing[0])}`: no path assigns it before this use "
                 "(a function that recurses, or raises, on every path never returns)", op.loc or Loc("<unknown>", 0),
                 "make sure every variable is assigned, and every recursive function has a base case.")
     for b in prog.blocks:

@@ -445,7 +445,7 @@ def structure_mismatch(n):
         x = (n, n)  # LINE1
     else:
         x = n  # LINE2
-    return n
+    return jax.tree_util.tree_leaves(x)[0]  # x is read after the join: one web of two structures
 
 
 @pcbatch.autobatch

@@ -124,8 +124,8 @@ def parameter_reassigned(n,
                          acc):  # PARAM
     if n <= 0:
         return acc
-    acc = jnp.zeros(3)  # SECOND
-    return parameter_reassigned(n - 1, acc)
+    acc = jnp.zeros(3)  # a web of its own (Python rebinds `acc`), passed to the parameter:
+    return parameter_reassigned(n - 1, acc)  # SECOND
 
 
 @pcbatch.autobatch
@@ -148,13 +148,15 @@ def test_a_parameter_side_names_the_parameter_line(f, var):
 
 def reshaped_then_returned(v):
     t = v * 2  # T_FIRST
-    t = t.sum()  # T_SECOND
+    if v[0] > 0:
+        t = t.sum()  # T_SECOND
     return t
 
 
 def test_a_variable_merged_into_the_return_slot_is_named():
     """`t` is copied into the return value and merged with it (copy coalescing): the
-    error names `t` as well as the return value, at both of t's lines."""
+    error names `t` as well as the return value, at both of t's lines (both reach
+    the return: one web, which cannot be split)."""
     with pytest.raises(TypeMismatchError) as info:
         pcbatch.autobatch(reshaped_then_returned)(jnp.ones((2, 3)))
     text = str(info.value)
@@ -181,3 +183,88 @@ def test_a_parameter_none_at_one_call_and_a_value_at_another_says_so():
     assert text.startswith("variable `none_default_then_passed.y` has type None here:")
     assert quote("# NONE_VALUE", none_default_then_passed) in text
     assert "a parameter left at its `None` default" in text and "`y=0`" in text
+
+
+# --------------------------------------------------------------------------
+# Rebinding a name to another type: each web is a variable of its own
+# (pcbatch/ir/webs.py), checked against the function run example by example.
+# --------------------------------------------------------------------------
+
+def rebinds(n, xs):
+    h = xs * 2.0  # f32[3]
+    h = h.sum()  # f32[]: rebound in straight-line code
+    s = h
+    if n > 1:
+        g = xs[:2] * n  # f32[2], live across the call
+        g = rebinds(n - 1, xs * 0.5) + g.sum()  # rebound to the call's f32[]: typed last (it needs the return type)
+        s = g * 0.5  # so typed first with g's f32[2]: the join that fails is s's (one web), not g's
+    else:
+        g = (xs[0], h)  # a tuple
+        g = g[0] * g[1]  # f32[] on both branches: the join after agrees
+    acc = 0.0
+    for i in range(n):
+        v = xs * i  # a web confined to one trip of the loop
+        v = v.max()
+        acc = acc + v
+    acc = jnp.stack([acc, s])  # rebound after the loop
+    return g + acc.sum()
+
+
+REBIND_N = np.asarray([0, 1, 3], np.int32)
+REBIND_XS = np.arange(9, dtype=np.float32).reshape(3, 3) / 4
+
+
+@pytest.mark.parametrize("fork,how", [(False, "eager"), (True, "eager")] + [
+    pytest.param(fork, how, marks=pytest.mark.matrix) for fork in (False, True) for how in ("jit", "grad")])
+def test_a_name_rebound_to_another_type_runs_as_python(fork, how):
+    import jax
+    f = pcbatch.autobatch(rebinds, fork=fork)
+    examples = [(int(n), jnp.asarray(x)) for n, x in zip(REBIND_N, REBIND_XS)]
+    if how == "grad":
+        got = jax.grad(lambda xs: f(REBIND_N, xs).sum())(REBIND_XS)
+        want = [jax.grad(lambda x, n=n: rebinds(n, x))(x) for n, x in examples]
+    else:
+        got = (jax.jit(f) if how == "jit" else f)(REBIND_N, REBIND_XS)
+        want = [rebinds(n, x) for n, x in examples]
+    np.testing.assert_allclose(got, np.stack(want), rtol=1e-6)
+    if how == "eager" and not fork:  # each web prints as the user's name
+        listing = str(f.lowered(REBIND_N, REBIND_XS))
+        assert "%w" not in listing and "v:f32[3] = xs * i" in listing and "v:f32[] = v.max()" in listing
+
+
+@pcbatch.autobatch(fork=False)
+def carried_through_the_loop(n, xs):
+    h = xs.sum()
+    y = h * 2  # the web of the first `h` ends here: split off
+    h = xs  # WEB_FIRST
+    for i in range(n):
+        h = h.sum()  # WEB_SECOND
+    return y + h
+
+
+@pcbatch.autobatch
+def rebound_on_one_branch(n, xs):
+    h = xs  # WEB_FIRST
+    if n > 1:
+        h = rebound_on_one_branch(n - 1, xs).sum()  # WEB_SECOND
+    return h * 2  # both reach this use: one web
+
+
+@pcbatch.autobatch(fork=False)
+def conditional_expression(n, xs):
+    h = (xs if n > 1  # WEB_FIRST
+         else xs.sum())  # WEB_SECOND
+    return h * 2
+
+
+@pytest.mark.parametrize("f", [carried_through_the_loop, rebound_on_one_branch, conditional_expression],
+                         ids=["loop-carried", "if-join", "if-expression"])
+def test_one_web_of_two_types_is_still_a_named_error(f):
+    """A use that sees both types cannot be split: the error names the user's
+    variable (not a web's IR name) and quotes both lines."""
+    with pytest.raises(TypeMismatchError) as info:
+        f(N, np.ones((4, 3), np.float32))
+    text = str(info.value)
+    assert "%w" not in text and f"`{f.fn.__name__}.h`" in text and info.value.var == f"{f.fn.__name__}.h", text
+    for marker in ("# WEB_FIRST", "# WEB_SECOND"):
+        assert f"line {line_of(marker, f.fn)[0]}" in text, (marker, text)
