@@ -102,8 +102,10 @@ class Machine:
         self.codes = Codes(self.halt, self.overflowed, prog.num_blocks + 2, prog.num_blocks + 3)
         self.lane_ids = jnp.arange(num_lanes, dtype=index_dtype())
         # A lane slot for every value that crosses a block boundary; a stacked
-        # variable that is only ever restored and used within one block needs none.
-        self.stored = [v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing]
+        # variable that is only ever restored and used within one block needs none. Sorted: the
+        # classes' order follows set iteration, so the program (and the compilation cache's key)
+        # would change with PYTHONHASHSEED, from process to process.
+        self.stored = sorted(v for v, c in prog.var_class.items() if c in (REGISTER, STACKED) and v in prog.crossing)
         self.layout = StackLayout.of(prog)
         self.stack_of, self.stacks = self.layout.stack_of, self.layout.stacks
         self.stack_writers = {**self.layout.writers,
