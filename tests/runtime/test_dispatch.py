@@ -13,6 +13,7 @@ write rows from divergent control flow.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import pcbatch
 import pcbatch.runtime.machine as machine
 from pcbatch.compile import machine_config
 from pcbatch.ir.core import Prim
+from pcbatch.runtime import run_machine
 from pcbatch.runtime.inplace import masked_update
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
@@ -187,3 +189,28 @@ def test_carried_stacks_leave_the_switch_as_the_only_conditional():
         # The results of the program counted (an eager call would compile it once more).
         assert_same(case, compiled(*args), case.fn.reference(*args))
     assert conds[True] == 1 < conds[False], conds
+
+
+@pcbatch.autobatch(fork=False)
+def several_live(n, x):
+    a, b, c, d = x + 1.0, x * 2.0, n + 1, x - 3.0
+    if n <= 0:
+        return a + b + d
+    return several_live(n - 1, x * 0.5) + a * b + c + d
+
+
+def test_the_machine_does_not_follow_the_order_of_the_programs_variables():
+    """The variables' classes come in the order of set iteration, which changes with
+    PYTHONHASHSEED: the machine (and so the compilation cache's key, shared by the test
+    workers and subprocesses) must not follow it."""
+    n, x = jnp.array([0, 2, 1]), jnp.array([1.0, 2.0, 3.0])
+    prog = several_live.lowered(n, x)
+    config = machine_config(prog, 3, several_live.options)[1]
+
+    def hlo(p):
+        text = jax.jit(lambda n, x: run_machine(p, dict(zip(p.entry_params, (n, x))), 3, config)[:2]).lower(
+            n, x).as_text()
+        return "\n".join(line.split(" loc(")[0] for line in text.splitlines() if not line.startswith("#loc"))
+
+    reordered = dataclasses.replace(prog, var_class=dict(reversed(list(prog.var_class.items()))))
+    assert hlo(reordered) == hlo(prog)
