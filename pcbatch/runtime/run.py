@@ -12,6 +12,7 @@ import numpy as np
 from pcbatch.ir.core import CONSTANT, INVARIANT, StackProgram
 from pcbatch.runtime.block import eval_prelude
 from pcbatch.runtime.config import MachineConfig, Status
+from pcbatch.runtime.dtypes import nbytes
 from pcbatch.runtime.machine import Machine
 from pcbatch.runtime.pool import PoolMachine
 from pcbatch.runtime.steps import StepRecorder, StepTrace
@@ -48,10 +49,9 @@ def new_workspace(prog: StackProgram, num_lanes: int, config: MachineConfig, eag
 
 
 def _host_fillable(leaves: list[Any]) -> bool:
-    """Small, and of dtypes NumPy has (not typed PRNG keys)."""
-    if any(jax.dtypes.issubdtype(s.dtype, jax.dtypes.extended) for s in leaves):
-        return False
-    return sum(int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize for s in leaves) <= HOST_FILL_BYTES
+    """Small, and of dtypes NumPy has (not JAX's extended ones: typed PRNG keys)."""
+    return (not any(jax.dtypes.issubdtype(s.dtype, jax.dtypes.extended) for s in leaves)
+            and nbytes(leaves) <= HOST_FILL_BYTES)
 
 
 @functools.lru_cache(maxsize=256)
