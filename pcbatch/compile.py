@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
@@ -30,7 +29,7 @@ import numpy as np
 from pcbatch import _context, differentiation
 from pcbatch.errors import TypeMismatchError
 from pcbatch.fork_choice import ForkChoice, choose_fork
-from pcbatch.frontend import BoundFunction, build_program, convert_program, form_program
+from pcbatch.frontend import BoundFunction, convert_program, form_program
 from pcbatch.fsm import Fair, Policy, get_scheduler
 from pcbatch.ir.core import Program, StackProgram
 from pcbatch.ir.webs import multi_web, split_webs, splittable, web_names
@@ -226,10 +225,10 @@ class Executable:
 
 class Cache:
     """What the pipeline made for one autobatched function and its options:
-    one dict, keyed by each stage's inputs: `("frontend", fork, loops)`,
-    `("lower", fork, loops, shared)`, `("specialize", fork, loops, signature)`,
-    where variables are split into webs (`specialized`) also `("converted",)`,
-    `("webs", split)` and the frontend's and lowering's keys with `split` added,
+    one dict, keyed by each stage's inputs: `("converted",)` (the frontend's
+    conversion, before forks), `("webs", split)` (variables split into their
+    webs, `specialized`), `("frontend", fork, loops, split)`, `("lower", fork,
+    loops, shared, split)`, `("specialize", fork, loops, signature)`,
     `("fork choice", signature, traced)` and `("machine", signature, fork)`;
     and the function's copies: `("method", id)` (bound to an instance),
     `("schedule", key)`, `("shallow", depth)` and how `("bind", shapes)`
@@ -280,21 +279,14 @@ def block_ir(target: BoundFunction, callee: Callee, options: Options, cache: Cac
     `(function, variable)` in `split` split into its webs (`ir/webs.py`)."""
     fork = (options.fork is not False) if fork is None else fork
     loops = loops and fork
-    if not split:
-        return cache.get(("frontend", fork, loops), lambda: build_program(target, callee, fork=fork, loops=loops))
     return cache.get(("frontend", fork, loops, split),
                      lambda: form_program(webs_ir(target, callee, cache, split), fork, loops))
 
 
 def webs_ir(target: BoundFunction, callee: Callee, cache: Cache, split: Split = frozenset()) -> Program:
-    """The block IR before fork formation, with each `(function, variable)`
-    in `split` split into its webs. Converted again, silently: `block_ir`'s
-    conversion of the same source has warned already."""
-    def convert() -> Program:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return convert_program(target, callee)
-    converted = cache.get(("converted",), convert)
+    """The block IR before fork formation, converted once for every fork mode,
+    with each `(function, variable)` in `split` split into its webs."""
+    converted = cache.get(("converted",), lambda: convert_program(target, callee))
     return cache.get(("webs", split), lambda: split_webs(converted, split)) if split else converted
 
 
@@ -324,8 +316,7 @@ def specialized(target: BoundFunction, callee: Callee, signature: Signature, opt
 def _specialized(target: BoundFunction, callee: Callee, signature: Signature, options: Options, cache: Cache,
                  fork: bool, loops: bool, split: Split) -> StackProgram:
     program = block_ir(target, callee, options, cache, fork, loops, split)
-    lowered = cache.get(("lower", fork, loops, signature.shared) + ((split,) if split else ()),
-                        lambda: lower(program, signature.shared))
+    lowered = cache.get(("lower", fork, loops, signature.shared, split), lambda: lower(program, signature.shared))
     with _context.in_building():
         return specialize(lowered, signature.types(lowered.entry_params))
 

@@ -1,6 +1,6 @@
 """Python source -> block IR."""
 from pcbatch.frontend.bound import BoundFunction
 from pcbatch.frontend.converter import convert_function
-from pcbatch.frontend.program import build_program, convert_program, form_program
+from pcbatch.frontend.program import convert_program, form_program
 
-__all__ = ["BoundFunction", "build_program", "convert_function", "convert_program", "form_program"]
+__all__ = ["BoundFunction", "convert_function", "convert_program", "form_program"]

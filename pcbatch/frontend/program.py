@@ -14,13 +14,6 @@ from pcbatch.ir.core import Call, Program
 from pcbatch.ir.verify import verify_program
 
 
-def build_program(entry: BoundFunction, unwrap: Callable[[Any], Optional[BoundFunction]],
-                  fork: bool = True, loops: bool = True) -> Program:
-    """Convert `entry` and, transitively, the autobatched functions it calls
-    (`convert_program`), then form forks (`form_program`)."""
-    return form_program(convert_program(entry, unwrap), fork, loops)
-
-
 def convert_program(entry: BoundFunction, unwrap: Callable[[Any], Optional[BoundFunction]]) -> Program:
     """The block IR of `entry` and, transitively, the autobatched functions it
     calls, before fork formation.
