@@ -68,11 +68,31 @@ HELPER_CALL_HINT = ("call it directly in the body of an autobatched function, no
                     "function, lambda or comprehension (or decorate the helper with @pcbatch.autobatch too).")
 
 
+# The frontend's temporaries (`_t3`, or `__t3` where the user's own names start with `_t`):
+# the value of a part of an expression the user never named.
+_TEMPORARY = re.compile(r"_+t\d+")
+
+# A temporary whose types disagree holds the alternatives of `and`/`or` or `a if c else b`.
+TEMPORARY_HINT = ("Python's `a and b` / `a or b` give one of their operands, and `a if c else b` one of its "
+                  "branches: pcbatch keeps one type per value, so the alternatives must have the same shape "
+                  "and tree structure. Write an `if` statement that assigns or returns each alternative, or "
+                  "make them agree (`jnp.where(c, a, b)` for arrays of one shape).")
+
+
+def is_temporary(var: str) -> bool:
+    return bool(_TEMPORARY.fullmatch(user_name(var).rpartition(".")[2]))
+
+
 def _what(var: str) -> str:
-    """How an error names an IR variable: `f.<ret>` is f's return value."""
+    """How an error names an IR variable: `f.<ret>` is f's return value, a
+    temporary the value of an expression on the quoted line."""
     var = user_name(var)
     fn, _, local = var.rpartition(".")
-    return f"the return value of `{fn}`" if local == "<ret>" else f"variable `{var}`"
+    if local == "<ret>":
+        return f"the return value of `{fn}`"
+    if is_temporary(var):
+        return f"a value computed in `{fn}` (part of an expression on the quoted line)"
+    return f"variable `{var}`"
 
 
 class TypeMismatchError(PcbatchError):
@@ -93,7 +113,7 @@ class TypeMismatchError(PcbatchError):
         where2 = f"\n{second_loc.quote()}" if second_loc else ""
         super().__init__(
             f"{what} has type {first} here:{where1}\nbut type {second} here:{where2}\n"
-            "Hint: " + (hint or "every assignment to a variable (and every return of a function) must have the "
+            "Hint: " + (hint or (TEMPORARY_HINT if is_temporary(var) else "") or "every assignment to a variable (and every return of a function) must have the "
                         "same shape and tree structure; dtypes are joined by JAX's promotion rules. Use "
                         "separate variable names, or cast/reshape explicitly.")
         )

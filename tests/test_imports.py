@@ -3,6 +3,7 @@ module's private names (each folder stays understandable on its own)."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -43,11 +44,14 @@ def imports(name: str) -> list[tuple[str, list[str], int]]:
     return [(m, names, line) for m, names, line in out if m in MODULES and not name.startswith(m + ".")]
 
 
-GRAPH = {name: imports(name) for name in MODULES}
+@functools.cache
+def graph() -> dict[str, list[tuple[str, list[str], int]]]:
+    # Built when a test asks, not at collection: every xdist worker collects this file.
+    return {name: imports(name) for name in MODULES}
 
 
 def test_the_graph_is_not_empty():
-    assert len(MODULES) > 30 and sum(map(len, GRAPH.values())) > 50
+    assert len(MODULES) > 30 and sum(map(len, graph().values())) > 50
 
 
 def test_no_import_cycles():
@@ -59,7 +63,7 @@ def test_no_import_cycles():
     def visit(name: str) -> None:
         state[name] = 1
         path.append(name)
-        for target, _, _ in GRAPH[name]:
+        for target, _, _ in graph()[name]:
             if state.get(target) == 1:
                 cycle = path[path.index(target):] + [target]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
@@ -75,6 +79,6 @@ def test_no_import_cycles():
 
 def test_no_private_names_imported_from_other_modules():
     offenders = [f"{MODULES[name].relative_to(ROOT.parent)}:{line} imports {n} from {target}"
-                 for name, edges in GRAPH.items() for target, names, line in edges
+                 for name, edges in graph().items() for target, names, line in edges
                  for n in names if n.startswith("_") and not n.startswith("__") and target != name]
     assert not offenders, "\n".join(offenders)

@@ -497,6 +497,23 @@ def test_return_type_mismatch(f):
         assert f"line {lineno}" in message, (marker, message)
 
 
+@pcbatch.autobatch
+def and_or_mismatch(n):
+    return n <= 0 and (n, n) or and_or_mismatch(n - 1)  # LINE1
+
+
+def test_a_temporary_is_named_as_part_of_the_expression():
+    """`n <= 0 and (n, n)` is `False` or a tuple: the value that holds either is the
+    frontend's temporary, which the user never named (it read `f._t2` before)."""
+    with pytest.raises(TypeMismatchError) as info:
+        and_or_mismatch(N)
+    message = str(info.value)
+    assert "_t" not in message and "a value computed in `and_or_mismatch`" in message, message
+    assert "`a and b` / `a or b` give one of their operands" in message
+    lineno, code = marked(and_or_mismatch, "# LINE1")
+    assert f"line {lineno}" in message and code in message
+
+
 def test_type_join_is_not_a_mismatch():
     @pcbatch.autobatch
     def join(n):
