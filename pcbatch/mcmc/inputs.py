@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pcbatch
-from pcbatch.mcmc import _random
+from pcbatch import threefry
 
 
 def index_dtype() -> str:
@@ -119,7 +119,7 @@ def raw_keys(keys: Any, chains: int) -> jax.Array:
     if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
         keys = jax.random.key_data(keys)
     if keys.shape == (2,) and keys.dtype == jnp.uint32:
-        keys = _random.split(keys, chains)  # one key for all chains, as BlackJAX users pass (jax.random's keys)
+        keys = threefry.split(keys, chains)  # one key for all chains, as BlackJAX users pass (jax.random's keys)
     if keys.ndim != 2 or keys.dtype != jnp.uint32:
         raise invalid(f"keys must be one key, [chains, 2] uint32 (jax.random.split(key, chains)) "
                       f"or [chains] typed keys; got {keys.shape} {keys.dtype}")
@@ -132,6 +132,6 @@ def split_keys(keys: jax.Array, num_transitions: int, dim: int, dtype: str) -> t
     momenta, one row per transition, in the positions' `dtype`). Drawn before the loop: inside it, a
     normal draw for the few chains starting a transition would cost every lane."""
     def one(key):
-        k_tree, k_noise = _random.split(key)
-        return k_tree, _random.normal(k_noise, (num_transitions, dim), dtype)
+        k_tree, k_noise = threefry.split(key)
+        return k_tree, threefry.normal(k_noise, (num_transitions, dim), dtype)
     return jax.vmap(one)(keys)

@@ -47,7 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import pcbatch
-from pcbatch.mcmc import _random, adaptation as _adaptation, inputs, reporting, trajectory
+from pcbatch import threefry
+from pcbatch.mcmc import adaptation as _adaptation, inputs, reporting, trajectory
 from pcbatch.mcmc.inputs import index_dtype, invalid
 from pcbatch.mcmc.reporting import report_intervals
 from pcbatch.mcmc.schedules import GradientLast, GradientQuorum
@@ -254,8 +255,8 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
             stop = jnp.minimum(i + report_every, total)
             while True:
                 # One doubling: a subtree of 2**depth leaves in a random direction.
-                k_traj, k_direction, k_sub, k_accept = _random.split(k_traj, 4)
-                forward = trajectory.per_chain(_random.uniform(k_direction) < 0.5)
+                k_traj, k_direction, k_sub, k_accept = threefry.split(k_traj, 4)
+                forward = trajectory.per_chain(threefry.uniform(k_direction) < 0.5)
                 edge = trajectory.outer_edge(traj, forward)
                 edge, acc, sub = build_tree(depth, edge, trajectory.fresh_acc(edge, H0, adapt.step_size, k_sub, mass),
                                             inv_mass)

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pcbatch.mcmc import _random
+from pcbatch import threefry
 from pcbatch.mcmc.inputs import index_dtype
 
 
@@ -107,9 +107,9 @@ def leaf(value_and_grad, steps, edge, acc, inv_mass, max_delta_energy):
     H = -logp + kinetic(p, inv_mass)
     delta = acc.H0 - jnp.where(jnp.isnan(H), jnp.inf, H)
     divergent = -delta > max_delta_energy
-    key, k_take = _random.split(acc.key)
+    key, k_take = threefry.split(acc.key)
     log_weight = jnp.logaddexp(acc.log_weight, delta)
-    take = per_chain(_random.uniform(k_take) < jnp.exp(delta - log_weight))
+    take = per_chain(threefry.uniform(k_take) < jnp.exp(delta - log_weight))
     acc = Acc(prop_x=jnp.where(take, x, acc.prop_x), prop_g=jnp.where(take, g, acc.prop_g),
               prop_logp=jnp.where(take, logp, acc.prop_logp), log_weight=log_weight,
               sum_metro=acc.sum_metro + jnp.minimum(1.0, jnp.exp(delta)).astype(x.dtype),
@@ -196,7 +196,7 @@ def extend(traj, edge, acc, sub, forward, key, inv_mass, criterion):
     sign = jnp.where(forward, 1.0, -1.0).astype(edge.x.dtype)
     end = Edge(edge.x, sign * edge.p, edge.g, edge.logp)
     sub_rho, sub_p_beg = sign * sub.rho, sign * sub.p_beg
-    take = per_chain(sub.valid & (_random.uniform(key) < jnp.exp(acc.log_weight - traj.log_weight)))
+    take = per_chain(sub.valid & (threefry.uniform(key) < jnp.exp(acc.log_weight - traj.log_weight)))
     left = where(forward, traj.left, end)
     right = where(forward, end, traj.right)
     rho = traj.rho + sub_rho
@@ -218,7 +218,7 @@ def extend(traj, edge, acc, sub, forward, key, inv_mass, criterion):
 
 def transition_start(x, logp, g, key, noise, inv_mass):
     """Transition i's momentum (from standard normal `noise`) and the one-point trajectory at x."""
-    key, k_traj = _random.split(key)
+    key, k_traj = threefry.split(key)
     p = noise / jnp.sqrt(inv_mass)
     H0 = -logp + kinetic(p, inv_mass)
     return key, k_traj, H0, start(x, p, g, logp)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 import pcbatch
-from pcbatch.models._common import bias, dense, embedding, lstm_cell, lstm_params
+from pcbatch.models._common import bias, dense, embedding, lstm_cell, lstm_params, split
 
 __all__ = ["bilstm_tagger", "init_params"]
 
@@ -28,7 +28,7 @@ def init_params(key: jax.Array, vocab: int, hidden: int, n_tags: int = 10, embed
     """embed [vocab, D]; fwd / bwd LSTMs (W [4H, D], U [4H, H], b [4H]);
     W_tag [n_tags, 2H], b_tag [n_tags]."""
     embed = hidden if embed is None else embed
-    k = jax.random.split(key, 4)
+    k = split(key, 4)
     return {"embed": embedding(k[0], vocab, embed), "fwd": lstm_params(k[1], embed, hidden),
             "bwd": lstm_params(k[2], embed, hidden), "W_tag": dense(k[3], n_tags, 2 * hidden),
             "b_tag": bias(n_tags)}

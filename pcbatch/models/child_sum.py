@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import pcbatch
-from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding, node_input
+from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding, node_input, split
 
 __all__ = ["child_sum_tree_lstm", "init_params"]
 
@@ -32,7 +32,7 @@ def init_params(key: jax.Array, vocab: int, hidden: int, embed: int | None = Non
     """Parameters of `child_sum_tree_lstm`: embed [vocab, D]; W_iou [3H, D],
     U_iou [3H, H], b_iou [3H]; W_f [H, D], U_f [H, H], b_f [H] (forget bias 1)."""
     embed = hidden if embed is None else embed
-    k = jax.random.split(key, 5)
+    k = split(key, 5)
     return {"embed": embedding(k[0], vocab, embed),
             "W_iou": dense(k[1], 3 * hidden, embed), "U_iou": dense(k[2], 3 * hidden, hidden),
             "b_iou": bias(3 * hidden),

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 import pcbatch
-from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding
+from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding, split
 
 __all__ = ["char_step", "init_params", "lattice_lstm", "lattice_lstm_at", "word_cell"]
 
@@ -51,7 +51,7 @@ def init_params(key: jax.Array, char_vocab: int, word_vocab: int, hidden: int, e
     U_c [4H, H], b_c [4H]; word cell W_w [3H, D], U_w [3H, H], b_w [3H];
     word gate W_l [H, D], U_l [H, H], b_l [H]."""
     embed = hidden if embed is None else embed
-    k = jax.random.split(key, 8)
+    k = split(key, 8)
     return {"char_embed": embedding(k[0], char_vocab, embed), "word_embed": embedding(k[1], word_vocab, embed),
             "W_c": dense(k[2], 4 * hidden, embed), "U_c": dense(k[3], 4 * hidden, hidden),
             "b_c": bias(4 * hidden).at[hidden:2 * hidden].set(1.0),

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 import pcbatch
-from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding
+from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding, normal, split
 
 __all__ = ["compose", "init_params", "mv_rnn"]
 
@@ -22,10 +22,10 @@ __all__ = ["compose", "init_params", "mv_rnn"]
 def init_params(key: jax.Array, vocab: int, hidden: int) -> dict:
     """embed [vocab, H]; word_matrix [vocab, H, H] = I + N(0, 0.01^2);
     W [H, 2H], b [H]; W_M [H, 2H]."""
-    k = jax.random.split(key, 4)
+    k = split(key, 4)
     eye = jnp.eye(hidden, dtype=jnp.float32)
     return {"embed": embedding(k[0], vocab, hidden),
-            "word_matrix": eye + 0.01 * jax.random.normal(k[1], (vocab, hidden, hidden), jnp.float32),
+            "word_matrix": eye + normal(k[1], (vocab, hidden, hidden), 0.01),
             "W": dense(k[2], hidden, 2 * hidden), "b": bias(hidden),
             "W_M": dense(k[3], hidden, 2 * hidden)}
 

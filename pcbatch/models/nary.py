@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 import pcbatch
-from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding, node_input
+from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding, node_input, split
 
 __all__ = ["binary_lstm_cell", "init_params", "nary_tree_lstm"]
 
@@ -26,7 +26,7 @@ def init_params(key: jax.Array, vocab: int, hidden: int, embed: int | None = Non
     U [5H, 2H] (rows: i, f_L, f_R, o, u; columns: left, right child), b [5H]
     (forget biases 1)."""
     embed = hidden if embed is None else embed
-    k = jax.random.split(key, 3)
+    k = split(key, 3)
     b = bias(5 * hidden).at[hidden:3 * hidden].set(1.0)
     return {"embed": embedding(k[0], vocab, embed), "W": dense(k[1], 5 * hidden, embed),
             "U": dense(k[2], 5 * hidden, 2 * hidden), "b": b}

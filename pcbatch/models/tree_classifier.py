@@ -27,6 +27,7 @@ import optax
 
 from pcbatch.data import Tree, batch, random_binary_trees
 from pcbatch.models import nary
+from pcbatch.models._common import dense, split
 
 __all__ = ["VOCAB", "LabelledTrees", "accuracy", "encoder", "init_params", "labelled_trees", "left_majority",
            "logits", "loss", "make_step", "train"]
@@ -92,9 +93,9 @@ def labelled_trees(count: int, *, seed: int = 0, min_leaves: int = 4, max_leaves
 
 def init_params(key: jax.Array, vocab: int = VOCAB, hidden: int = 32, classes: int = 2) -> dict:
     """`{"tree": nary.init_params(...), "out": {"W": [classes, hidden], "b": [classes]}}`."""
-    k1, k2 = jax.random.split(key)
+    k1, k2 = split(key)
     return {"tree": nary.init_params(k1, vocab, hidden),
-            "out": {"W": jax.random.normal(k2, (classes, hidden), jnp.float32) / jnp.sqrt(jnp.float32(hidden)),
+            "out": {"W": dense(k2, classes, hidden),
                     "b": jnp.zeros((classes,), jnp.float32)}}
 
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 import pcbatch
-from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding, node_input
+from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding, node_input, split
 
 __all__ = ["gru_cell", "init_params", "tree_gru"]
 
@@ -19,7 +19,7 @@ def init_params(key: jax.Array, vocab: int, hidden: int, embed: int | None = Non
     """embed [vocab, D]; W [3H, D], U [3H, 2H], b [3H] (rows r_L, r_R, z: the
     gates); W_h [H, D], U_h [H, 2H], b_h [H] (the candidate)."""
     embed = hidden if embed is None else embed
-    k = jax.random.split(key, 5)
+    k = split(key, 5)
     return {"embed": embedding(k[0], vocab, embed),
             "W": dense(k[1], 3 * hidden, embed), "U": dense(k[2], 3 * hidden, 2 * hidden), "b": bias(3 * hidden),
             "W_h": dense(k[3], hidden, embed), "U_h": dense(k[4], hidden, 2 * hidden), "b_h": bias(hidden)}

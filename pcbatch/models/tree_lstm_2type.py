@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 import pcbatch
-from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding
+from pcbatch.models._common import MAX_DEPTH, bias, dense, embedding, split
 
 __all__ = ["init_params", "tree_lstm_2type"]
 
@@ -26,7 +26,7 @@ def init_params(key: jax.Array, vocab: int, hidden: int, embed: int | None = Non
     """embed [vocab, D]; leaf: W [3H, D], b [3H] (rows i, o, u); type0 / type1:
     U [5H, 2H], b [5H] (rows i, f_L, f_R, o, u; forget biases 1)."""
     embed = hidden if embed is None else embed
-    k = jax.random.split(key, 4)
+    k = split(key, 4)
 
     def internal(key):
         return {"U": dense(key, 5 * hidden, 2 * hidden), "b": bias(5 * hidden).at[hidden:3 * hidden].set(1.0)}

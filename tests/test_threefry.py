@@ -1,8 +1,8 @@
-"""`pcbatch.mcmc._random` (threefry unrolled for XLA) equals `jax.random`: keys
+"""`pcbatch.threefry` (threefry unrolled for XLA) equals `jax.random`: keys
 and [0, 1) uniforms bit for bit; scaled uniforms and normals to the last bit
 or one ulp (XLA may contract the affine map into a fused multiply-add).
 
-`split` and `uniform` are jitted in `_random` itself; `normal` (which the samplers do
+`split` and `uniform` are jitted in `threefry` itself; `normal` (which the samplers do
 not call) runs under `jax.jit` here, as in a machine: eagerly, each of its ops would
 compile a kernel of its own per shape."""
 import jax
@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pcbatch.mcmc import _random
+from pcbatch import threefry
 
-split, uniform = _random.split, _random.uniform
-normal = jax.jit(_random.normal, static_argnums=(1, 2))
+split, uniform = threefry.split, threefry.uniform
+normal = jax.jit(threefry.normal, static_argnums=(1, 2))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2 ** 31 - 1])
@@ -50,4 +50,23 @@ def test_other_float_dtypes_equal_jax_random(dtype):
 
 def test_integers_are_refused():
     with pytest.raises(ValueError, match="floats"):
-        _random.uniform(jax.random.key_data(jax.random.PRNGKey(0)), (), jnp.int32)
+        threefry.uniform(jax.random.key_data(jax.random.PRNGKey(0)), (), jnp.int32)
+
+
+def test_model_weights_are_jax_randoms_draws():
+    """The model zoo draws its weights with `threefry` (one fast compile a shape): the same
+    numbers as `jax.random`, from a raw or a typed key; another PRNG falls back to `jax.random`."""
+    from pcbatch.models import child_sum
+    key = jax.random.PRNGKey(3)
+    keys = jax.random.split(key, 5)
+    params = child_sum.init_params(key, 50, 8)
+    want = {"embed": jax.random.normal(keys[0], (50, 8)) / np.sqrt(np.float32(8)),
+            "U_f": jax.random.normal(keys[4], (8, 8)) / np.sqrt(np.float32(8))}
+    for name, value in want.items():
+        np.testing.assert_allclose(params[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    typed = child_sum.init_params(jax.random.key(3), 50, 8)
+    np.testing.assert_array_equal(typed["embed"], params["embed"])
+    rbg_key = jax.random.key(3, impl="rbg")
+    rbg = child_sum.init_params(rbg_key, 50, 8)
+    np.testing.assert_array_equal(rbg["embed"], jax.random.normal(jax.random.split(rbg_key, 5)[0], (50, 8))
+                                  / np.sqrt(np.float32(8)))

@@ -8,18 +8,21 @@ fuse into one loop and cost well under a microsecond. The results equal
 `jax.random`'s (default `threefry2x32` keys, `jax_threefry_partitionable`,
 the default since JAX 0.5): keys and uniforms on [0, 1) bit for bit, scaled
 uniforms and normals to within one ulp (XLA may fuse the affine map into a
-multiply-add on one side only), in any float dtype; `tests/mcmc/test_random.py`
-checks it. Outside the loop too: the samplers' momentum noise (`inputs.split_keys`,
+multiply-add on one side only), in any float dtype; `tests/test_threefry.py`
+checks it. The samplers (`pcbatch.mcmc`) and the model zoo's parameter draws
+(`pcbatch.models`) use it. Outside the loop too: the samplers' momentum noise (`inputs.split_keys`,
 128 chains x 1000 transitions x 100-d) compiles in ~0.5 s where `jax.random`'s
-took 2.3 s of XLA:CPU's time, and runs in 0.14 s against 0.69 s.
+took 2.3 s of XLA:CPU's time, and runs in 0.14 s against 0.69 s; a Child-Sum
+Tree-LSTM's `init_params`, eager, compiled `jax.random`'s rolled loop once per
+weight shape.
 
 Threefry-2x32 with 20 rounds is from Salmon et al., "Parallel random numbers:
 as easy as 1, 2, 3" (SC 2011): rotation constants and key schedule below.
 
     >>> import jax
-    >>> from pcbatch.mcmc import _random
+    >>> from pcbatch import threefry
     >>> key = jax.random.key_data(jax.random.PRNGKey(0))
-    >>> bool((_random.split(key, 3) == jax.random.split(jax.random.PRNGKey(0), 3)).all())
+    >>> bool((threefry.split(key, 3) == jax.random.split(jax.random.PRNGKey(0), 3)).all())
     True
 """
 from __future__ import annotations
@@ -90,7 +93,7 @@ def uniform(key: jax.Array, shape: tuple[int, ...] = (), dtype=jnp.float32, minv
     bits under the exponent of 1.0, in [1, 2), shifted and scaled."""
     dtype = jax.dtypes.canonicalize_dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(f"pcbatch.mcmc._random.uniform draws floats, not {dtype}")
+        raise ValueError(f"pcbatch.threefry.uniform draws floats, not {dtype}")
     nbits, nmant = jnp.finfo(dtype).bits, jnp.finfo(dtype).nmant
     width = 8 if nmant < 8 else nbits  # as JAX: a byte of bits where the mantissa is shorter
     uint = _UINT[nbits]
