@@ -76,6 +76,23 @@ def test_loops_inside_recursion():
     check_vjp(loop_rec, (PARAMS, x, n))
 
 
+def decayed(p, n, x):
+    """A shared parameter the recursion passes on changed: a register, not a constant."""
+    if n <= 0:
+        return p * x
+    return decayed(p * 0.9, n - 1, x)   # a tail call: a jump
+
+
+def test_shared_parameter_passed_on_changed():
+    # The entry register's cotangent of an in_axes=None parameter was dropped: its gradient was 0.
+    n, x, p = jnp.asarray([0, 1, 3]), jnp.asarray([1.0, 2.0, -3.0]), jnp.float32(2.0)
+    f = pcbatch.autobatch(decayed, in_axes=(None, 0, 0))
+    got = jax.grad(lambda p, x: jnp.sum(f(p, n, x) * jnp.arange(1.0, 4.0)), argnums=(0, 1))(p, x)
+    want = jax.grad(lambda p, x: sum(decayed(p, int(k), x[i]) * (i + 1.0) for i, k in enumerate(n)),
+                    argnums=(0, 1))(p, x)
+    assert_close(got, want)
+
+
 @pcbatch.autobatch(fork=False)
 def peeky(x, n):
     """Two dependent calls: x stays on its stack across both, y is restored

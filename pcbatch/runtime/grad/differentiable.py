@@ -97,7 +97,9 @@ class Differentiable:
     def _backward(self, plan: Plan, inputs: dict[str, Any], tape: dict[str, Any], ct_result: list) -> dict[str, Any]:
         prog = self.prog
         types, B = prog.var_types, plan.examples
-        entry = [p for p in prog.entry_params if p in self.batched and p in plan.float_regs]
+        # Every entry parameter held in a register starts there, a shared one too (broadcast to each
+        # example: a recursive call that passes it changed makes it a register, not a constant).
+        entry = [p for p in prog.entry_params if p in plan.float_regs]
         consts, inv = eval_prelude(prog, inputs)
         ct_const, ct_inv, ct_regs, used = Backward(plan, inert_constants(prog, inputs)).run(consts, inv, tape,
                                                                                                ct_result)
