@@ -63,6 +63,14 @@ def invalid(message: str, hint: str = "") -> pcbatch.ArgumentError:
     return pcbatch.ArgumentError("pcbatch.mcmc.nuts", message, hint)
 
 
+def as_array(name: str, value: Any, dtype: Any) -> jax.Array:
+    """An argument as an array of `dtype`, or a named error (a string, None, a ragged list)."""
+    try:
+        return jnp.asarray(value, dtype)
+    except (TypeError, ValueError) as e:
+        raise invalid(f"{name} must be an array of numbers, got a {type(value).__name__} ({e})") from None
+
+
 def concrete(x: Any) -> np.ndarray | None:
     """`x`'s values where this process knows them (None inside a caller's jit, or for
     a global array spread over several processes)."""
@@ -115,7 +123,12 @@ def check_start(logdensity_fn: Callable, x: jax.Array) -> None:
 
 def raw_keys(keys: Any, chains: int) -> jax.Array:
     """`[chains, 2]` raw keys from as many keys, or from ONE key (split in `chains`)."""
-    keys = jnp.asarray(keys) if not isinstance(keys, jax.Array) else keys
+    if not isinstance(keys, jax.Array):
+        try:
+            keys = jnp.asarray(keys)
+        except (TypeError, ValueError) as e:
+            raise invalid(f"keys must be one key or one per chain (jax.random.split(key, chains)), got a "
+                          f"{type(keys).__name__} ({e})") from None
     if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
         keys = jax.random.key_data(keys)
     if keys.shape == (2,) and keys.dtype == jnp.uint32:

@@ -332,6 +332,30 @@ def _cached(logdensity_fn, num_samples, num_warmup, target_accept, max_tree_dept
     return prog
 
 
+def check_settings(*, num_samples: Any, num_warmup: Any, target_accept: Any, max_tree_depth: Any,
+                   leapfrogs_per_leaf: Any, max_delta_energy: Any, uturn_criterion: Any, adaptation: Any) -> None:
+    """The sampler's settings, each a named error. `sample` checks them before it
+    builds any argument from the counts (a negative total made a raw JAX shape error)."""
+    if uturn_criterion not in ("stan", "numpyro"):
+        raise invalid(f"uturn_criterion must be 'stan' or 'numpyro', got {uturn_criterion!r}")
+    if adaptation not in ("step_size", "window"):
+        raise invalid(f"adaptation must be 'step_size' or 'window', got {adaptation!r}")
+    counts = {"num_samples": num_samples, "num_warmup": num_warmup, "max_tree_depth": max_tree_depth,
+              "leapfrogs_per_leaf": leapfrogs_per_leaf}
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise invalid(f"{name} must be an integer, got {value!r}")
+    real = lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+    if not (real(max_delta_energy) and max_delta_energy > 0):
+        raise invalid(f"max_delta_energy must be positive (an energy error above it is a divergence; Stan: 1000), "
+                      f"got {max_delta_energy!r}")
+    if num_samples < 1 or max_tree_depth < 1 or leapfrogs_per_leaf < 1 or num_warmup < 0:
+        raise invalid("num_samples, max_tree_depth and leapfrogs_per_leaf must be at least 1, "
+                      "num_warmup at least 0")
+    if not (real(target_accept) and 0.0 < target_accept < 1.0):
+        raise invalid(f"target_accept must be in (0, 1), got {target_accept}")
+
+
 def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, target_accept: float = 0.8,
             max_tree_depth: int = 10, leapfrogs_per_leaf: int = 1, max_delta_energy: float = 1000.0,
             uturn_criterion: str = "stan", per_chain_step_size: bool = False,
@@ -345,23 +369,9 @@ def sampler(logdensity_fn: Callable, *, num_samples: int, num_warmup: int = 0, t
     and the inverse mass matrix too when `per_chain_*`). Cached per
     arguments, so calling `sample` twice with the same `logdensity_fn`
     compiles once. `.reference(*args)` runs the same Python chain by chain."""
-    if uturn_criterion not in ("stan", "numpyro"):
-        raise invalid(f"uturn_criterion must be 'stan' or 'numpyro', got {uturn_criterion!r}")
-    if adaptation not in ("step_size", "window"):
-        raise invalid(f"adaptation must be 'step_size' or 'window', got {adaptation!r}")
-    counts = {"num_samples": num_samples, "num_warmup": num_warmup, "max_tree_depth": max_tree_depth,
-              "leapfrogs_per_leaf": leapfrogs_per_leaf}
-    for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise invalid(f"{name} must be an integer, got {value!r}")
-    if not max_delta_energy > 0:
-        raise invalid(f"max_delta_energy must be positive (an energy error above it is a divergence; Stan: 1000), "
-                      f"got {max_delta_energy!r}")
-    if num_samples < 1 or max_tree_depth < 1 or leapfrogs_per_leaf < 1 or num_warmup < 0:
-        raise invalid("num_samples, max_tree_depth and leapfrogs_per_leaf must be at least 1, "
-                      "num_warmup at least 0")
-    if not 0.0 < target_accept < 1.0:
-        raise invalid(f"target_accept must be in (0, 1), got {target_accept}")
+    check_settings(num_samples=num_samples, num_warmup=num_warmup, target_accept=target_accept,
+                   max_tree_depth=max_tree_depth, leapfrogs_per_leaf=leapfrogs_per_leaf,
+                   max_delta_energy=max_delta_energy, uturn_criterion=uturn_criterion, adaptation=adaptation)
     if leaves_per_step not in (1, 2, 4, 8):
         raise invalid(f"leaves_per_step must be 1, 2, 4 or 8 (or 'auto' in `sample`), got {leaves_per_step!r}")
     return _cached(inputs.cache_key(logdensity_fn), int(num_samples), int(num_warmup), float(target_accept),
@@ -463,8 +473,14 @@ def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matr
                       f"{type(initial_positions).__name__} ({e})",
                       "flatten a pytree of parameters: x, unravel = jax.flatten_util.ravel_pytree(params), and "
                       "write the log density of the flat vector (see pcbatch.mcmc.convert)") from None
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):  # a cast would drop the imaginary part silently
+        raise invalid(f"initial_positions must be real, got dtype {x.dtype}",
+                      "sample the real and imaginary parts as two coordinates each")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.float32)
+    if num_chains is not None and (isinstance(num_chains, bool) or not isinstance(num_chains, (int, np.integer))
+                                   or num_chains < 1):
+        raise invalid(f"num_chains must be a positive integer, got {num_chains!r}")
     if x.ndim == 1 and num_chains is not None:
         x = jnp.broadcast_to(x, (int(num_chains), x.shape[0]))  # every chain starts there
     if x.ndim != 2:
@@ -489,9 +505,9 @@ def prepare(initial_positions: Any, keys: Any, step_size: Any, inverse_mass_matr
     if isinstance(step_size, (int, float)) and not isinstance(step_size, bool):
         step = inputs.constant((), float(step_size), x.dtype.name)
     else:
-        step = jnp.asarray(step_size, x.dtype)
+        step = inputs.as_array("step_size", step_size, x.dtype)
     mass = (inputs.constant((dim,), 1.0, x.dtype.name) if inverse_mass_matrix is None
-            else jnp.asarray(inverse_mass_matrix, x.dtype))
+            else inputs.as_array("inverse_mass_matrix", inverse_mass_matrix, x.dtype))
     if step.ndim not in (0, 1) or (step.ndim == 1 and step.shape[0] != chains):
         raise invalid(f"step_size must be a scalar or [chains], got shape {step.shape}")
     if mass.shape not in ((dim,), (chains, dim)):
@@ -602,6 +618,11 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
       `out.divergences` the divergences per chain, `out.to_arviz()` ArviZ's
       InferenceData.
     """
+    check_settings(num_samples=num_samples, num_warmup=num_warmup, target_accept=target_accept,
+                   max_tree_depth=max_tree_depth, leapfrogs_per_leaf=leapfrogs_per_leaf,
+                   max_delta_energy=max_delta_energy, uturn_criterion=uturn_criterion, adaptation=adaptation)
+    if not callable(logdensity_fn):
+        raise invalid(f"logdensity_fn must be a function x[dim] -> scalar, got a {type(logdensity_fn).__name__}")
     if step_size is None:
         if num_warmup == 0:
             raise invalid("step_size is required without warm-up (num_warmup=0)")

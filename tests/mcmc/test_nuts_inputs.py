@@ -57,6 +57,11 @@ def test_window_adaptation_under_jit_equals_eager():
     (jnp.zeros((2, 2)), {"step_size": jnp.array([0.3, jnp.nan])}, "step_size must be finite and positive"),
     (jnp.zeros((2, 2)), {"inverse_mass_matrix": jnp.array([-1.0, 1.0])},
      "inverse_mass_matrix must be finite and positive"),
+    # These were raw JAX/Python errors (a broadcast to -1 rows, a string step size), and
+    # complex positions lost their imaginary part silently.
+    (jnp.zeros(2), {"num_chains": -1}, "num_chains must be a positive integer"),
+    (jnp.zeros((2, 2)), {"step_size": "fast"}, "step_size must be an array of numbers"),
+    (jnp.zeros((2, 2), jnp.complex64), {}, "initial_positions must be real"),
 ])
 def test_bad_input_is_a_named_error(positions, kwargs, says):
     kwargs = {"step_size": 0.4, **kwargs}
@@ -100,10 +105,13 @@ def test_float64_under_x64_equals_the_chain_by_chain_python():
 @pytest.mark.parametrize("kwargs, says", [
     ({"num_samples": 2.5}, "num_samples must be an integer"),
     ({"num_samples": 3, "max_delta_energy": -1.0}, "max_delta_energy must be positive"),
+    ({"num_samples": 3, "num_warmup": -5}, "num_warmup at least 0"),
+    ({"num_samples": None}, "num_samples must be an integer"),
 ])
 def test_bad_settings_are_named_errors(kwargs, says):
     """A fractional `num_samples` ran as its floor and a negative `max_delta_energy` made every
-    transition divergent, both silently."""
+    transition divergent, both silently; a negative total of transitions (or None) was a raw
+    error from building the arguments, before the settings were checked."""
     with pytest.raises(pcbatch.ArgumentError, match=says):
         nuts.sample(gaussian, jnp.zeros((2, 2)), KEY, step_size=0.4, **kwargs)
 
