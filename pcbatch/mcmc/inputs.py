@@ -107,7 +107,10 @@ def check_start(logdensity_fn: Callable, x: jax.Array) -> None:
                       "sum the terms of the log density: jnp.sum(...) (jax.grad needs a scalar)")
     if concrete(x) is None:
         return
-    logp, grad = _start_values(cache_key(logdensity_fn))(x)
+    with jax.ensure_compile_time_eval():  # positions known inside a caller's jit (closed over): evaluated now
+        logp, grad = _start_values(cache_key(logdensity_fn))(x)
+    if concrete(logp) is None or concrete(grad) is None:  # the density reads a tracer (data the jit is given)
+        return
     logp, grad = np.asarray(logp), np.asarray(grad)
     bad = ~np.isfinite(logp) | ~np.isfinite(grad).reshape(len(grad), -1).all(axis=1)
     if bad.any():

@@ -31,8 +31,11 @@ def half_line(x):
 
 def test_a_jitted_call_caches_no_tracer():
     """The default mass matrix, a scalar step size and the budget are cached arrays: made
-    under the first call's jit, they were tracers that broke every later call."""
-    run = lambda f, k: nuts.sample(f, jnp.ones((CHAINS, 2)), k, step_size=0.4, num_samples=DRAWS)  # noqa: E731
+    under the first call's jit, they were tracers that broke every later call.
+    The positions are closed over, so known inside the jit: the start check's values were
+    tracers there (TracerArrayConversionError)."""
+    x0 = jnp.ones((CHAINS, 2))
+    run = lambda f, k: nuts.sample(f, x0, k, step_size=0.4, num_samples=DRAWS)  # noqa: E731
     inside = jax.jit(lambda k: run(gaussian, k))(KEY)
     eager = run(gaussian, KEY)
     np.testing.assert_array_equal(np.asarray(inside.position), np.asarray(eager.position))
