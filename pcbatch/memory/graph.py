@@ -43,8 +43,16 @@ class Lit:
     def shape(self) -> tuple[int, ...]:
         return tuple(np.shape(self.value))
 
+    @property
+    def traced(self) -> bool:
+        """A constant closed over from a caller's `jax.jit` (the user's data, say): its
+        value is known only inside that trace, so it is never read as a NumPy array."""
+        return isinstance(self.value, jax.core.Tracer)
+
     def key(self) -> tuple:
         """Equal literals have equal keys."""
+        if self.traced:
+            return ("lit", id(self))
         a = np.asarray(self.value)
         return ("lit", a.dtype.str, a.shape, a.tobytes()) if a.size <= 64 else ("lit", id(self))
 
@@ -106,7 +114,9 @@ class BlockGraph:
         return a.shape if isinstance(a, Lit) else tuple(self.avals[a].shape)
 
     def dtype(self, a: Atom) -> Any:
-        return np.asarray(a.value).dtype if isinstance(a, Lit) else self.avals[a].dtype
+        if isinstance(a, Lit):
+            return a.value.dtype if a.traced else np.asarray(a.value).dtype
+        return self.avals[a].dtype
 
     def is_const(self, a: Atom) -> bool:
         return isinstance(a, Lit) or a in self.const
@@ -114,6 +124,8 @@ class BlockGraph:
     def name(self, a: Atom) -> str:
         if not isinstance(a, Lit):
             return self.names[a]
+        if a.traced:
+            return f"<constant {a.value.dtype.name}[{','.join(map(str, a.shape))}] of the caller's jit>"
         x = np.asarray(a.value)
         return repr(x.tolist()) if x.size == 1 else f"<constant {x.dtype.name}[{','.join(map(str, x.shape))}]>"
 

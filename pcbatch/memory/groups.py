@@ -115,6 +115,8 @@ def _elementwise_signature(g: BlockGraph, node: Node, member_of: dict[int, int],
     axes = set()
     for a in node.ins:
         s = g.shape(a)
+        if s == () and isinstance(a, Lit) and a.traced:
+            return None  # a traced scalar cannot be packed with literals into a NumPy constant
         if s == ():  # a scalar broadcasts: shared, or literals packed into a constant
             positions.append(("lit", str(g.dtype(a))) if isinstance(a, Lit) else ("value", a))
         elif s != shape:

@@ -381,6 +381,25 @@ def test_graph_inlines_calls_and_merges_duplicates():
     assert [grp.depth for grp in groups] == sorted(grp.depth for grp in groups)
 
 
+def test_constants_closed_over_from_the_callers_jit():
+    """A jitted gradient closing over the caller's jit arguments (a log density over the
+    user's data, as NUTS calls it) inside a recursive program: the graph keyed, typed and
+    packed the traced constants as NumPy arrays (TracerArrayConversionError)."""
+    @jax.jit
+    def run(data, rate, x):
+        grad = jax.jit(jax.grad(lambda x: -0.5 * jnp.sum((x - data) ** 2)))
+
+        @pcbatch.autobatch(layout="all")
+        def descend(x, n):
+            if n <= 0:
+                return x
+            return descend(x * (1.0 - rate) + (grad(x) + x) * 0.1, n - 1)
+        return descend(x, jnp.array([3, 4]))
+    out = run(jnp.array([1.0, 2.0]), jnp.float32(0.1), jnp.zeros((2, 2)))
+    np.testing.assert_allclose(out, [[1 - 0.9 ** 3, 2 * (1 - 0.9 ** 3)], [1 - 0.9 ** 4, 2 * (1 - 0.9 ** 4)]],
+                               rtol=1e-5)
+
+
 # ------------------------------------------------------------------ drawings of a report
 def test_viz_draws_a_report_block():
     matplotlib = pytest.importorskip("matplotlib")
