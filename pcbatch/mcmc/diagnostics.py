@@ -19,10 +19,20 @@ __all__ = ["ess", "rhat", "summary"]
 
 
 def _as_draws(x: Any) -> np.ndarray:
+    """`[chains, draws, ...]` with at least 4 draws: split chains of 1 draw have no
+    variance (`ess` divided by zero and returned a number, or failed to reshape)."""
     x = np.asarray(x, np.float64)
     if x.ndim < 2:
-        raise ValueError(f"samples must be [chains, draws, ...], got shape {x.shape}")
+        raise _invalid(f"samples must be [chains, draws, ...], got shape {x.shape}")
+    if x.shape[1] < 4:
+        raise _invalid(f"split R-hat and ESS need at least 4 draws per chain (each chain is halved), got "
+                       f"{x.shape[1]} (samples of shape {x.shape})", "sample with num_samples >= 4")
     return x
+
+
+def _invalid(message: str, hint: str = "") -> Exception:
+    from pcbatch.errors import ArgumentError  # a ValueError too
+    return ArgumentError("pcbatch.mcmc.diagnostics", message, hint)
 
 
 def _split(x: np.ndarray) -> np.ndarray:
@@ -35,8 +45,6 @@ def rhat(samples: Any) -> np.ndarray:
     """Split-R-hat per parameter (shape `samples.shape[2:]`); ~1 when chains agree."""
     x = _split(_as_draws(samples))
     m, n = x.shape[:2]
-    if n < 2:
-        raise ValueError("rhat needs at least 4 draws per chain")
     chain_means = x.mean(axis=1)
     between = n * chain_means.var(axis=0, ddof=1)
     within = x.var(axis=1, ddof=1).mean(axis=0)

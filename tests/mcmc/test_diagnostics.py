@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+import pcbatch
 from pcbatch.mcmc import diagnostics
 
 
@@ -37,6 +38,10 @@ def test_rhat_detects_disagreeing_chains():
     assert diagnostics.rhat(drift) > 1.2       # split halves catch a trend within chains
     with pytest.raises(ValueError):
         diagnostics.rhat(np.zeros(5))
+    # ESS of 2 draws per chain divided by zero (and returned a number), of 1 failed to reshape.
+    for draws in (1, 2, 3):
+        with pytest.raises(pcbatch.ArgumentError, match="at least 4 draws per chain"):
+            diagnostics.ess(np.ones((3, draws)))
 
 
 @pytest.mark.parametrize("phi", [-0.3, 0.5])
