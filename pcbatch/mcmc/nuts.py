@@ -175,6 +175,16 @@ _adapt = _adaptation.dual_averaging_update
 # the autobatched program
 # --------------------------------------------------------------------------
 
+def _in_positions_dtype(value_and_grad: Callable) -> Callable:
+    """The log density and gradient in the positions' dtype: a density closing over
+    float64 data under x64 returns float64 for float32 positions, which made the
+    chain's state change type between paths and the draw buffers a float64 scatter."""
+    def in_dtype(x):
+        logp, g = value_and_grad(x)
+        return logp.astype(x.dtype), g.astype(x.dtype)
+    return in_dtype
+
+
 def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, target_accept: float,
                   max_tree_depth: int, leapfrogs_per_leaf: int, max_delta_energy: float,
                   uturn_criterion: str, adaptation: str = "step_size", progress: bool = False,
@@ -201,7 +211,7 @@ def _make_program(logdensity_fn: Callable, num_samples: int, num_warmup: int, ta
     # Jitted once: the chain-by-chain Python (`f.reference`) calls it eagerly at every leapfrog
     # step, where an unjitted gradient is traced again each call (~8 ms: tests/mcmc went from
     # 97 to 72 CPU-s); in the machine it is inlined like any other op.
-    value_and_grad = jax.jit(jax.value_and_grad(logdensity_fn))
+    value_and_grad = jax.jit(_in_positions_dtype(jax.value_and_grad(logdensity_fn)))
 
     def bottom(value_and_grad, steps, depth, edge, acc, inv_mass, max_delta_energy, criterion):
         return trajectory.bottom(value_and_grad, steps, first, depth, edge, acc, inv_mass, max_delta_energy, criterion)

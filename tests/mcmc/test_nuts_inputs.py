@@ -131,12 +131,19 @@ def test_summary_of_fewer_than_four_draws_is_a_named_error():
 @pytest.mark.matrix
 def test_float32_positions_under_x64_stay_float32():
     """The momenta are drawn in the positions' dtype (as BlackJAX does): float64 noise
-    promoted the float32 chains, and JAX warned of a float64 scatter into float32 draws."""
+    promoted the float32 chains, and JAX warned of a float64 scatter into float32 draws.
+    A density over float64 data returns float64 for them: its value changed the chain's
+    state's type between paths (pcbatch's TypeJoinWarning) and was scattered into float32
+    draws; it is cast to the positions' dtype."""
     import warnings
     with jax.enable_x64(True), warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        out = nuts.sample(gaussian, jnp.zeros((2, 3), jnp.float32), KEY, step_size=0.5, num_samples=4)
-    assert out.position.dtype == jnp.float32 and np.isfinite(np.asarray(out.position)).all()
+        warnings.simplefilter("error", pcbatch.errors.TypeJoinWarning)
+        scale = jnp.ones((), jnp.float64)
+        out = nuts.sample(lambda x: gaussian(x) * scale, jnp.zeros((2, 3), jnp.float32), KEY, step_size=0.5,
+                          num_samples=4)
+    assert out.position.dtype == out.logdensity.dtype == jnp.float32
+    assert np.isfinite(np.asarray(out.position)).all()
 
 
 @pytest.mark.parametrize("logdensity, got", [
