@@ -644,9 +644,10 @@ def sample(logdensity_fn: Callable, initial_positions: Any, keys: Any, *, step_s
     total = num_warmup + num_samples
     every = 0
     if progress_bar:
-        every = max(1, total // 10) if progress_every is None else int(progress_every)
-        if every < 1:
-            raise invalid(f"progress_every must be at least 1, got {progress_every}")
+        every = max(1, total // 10) if progress_every is None else progress_every
+        if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+            raise invalid(f"progress_every must be an integer of at least 1 (transitions between reports), "
+                          f"got {progress_every!r}")
     args, per_step, per_mass = prepare(initial_positions, keys, step_size, inverse_mass_matrix, total, num_chains,
                                        every, gradient_budget)
     inputs.check_start(logdensity_fn, args[0])

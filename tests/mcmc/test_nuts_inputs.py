@@ -110,6 +110,8 @@ def test_float64_under_x64_equals_the_chain_by_chain_python():
     ({"num_samples": 3, "max_delta_energy": -1.0}, "max_delta_energy must be positive"),
     ({"num_samples": 3, "num_warmup": -5}, "num_warmup at least 0"),
     ({"num_samples": None}, "num_samples must be an integer"),
+    # A fractional one ran as its floor, a string was int()'s raw ValueError.
+    ({"num_samples": 3, "progress_bar": True, "progress_every": 2.5}, "progress_every must be an integer"),
 ])
 def test_bad_settings_are_named_errors(kwargs, says):
     """A fractional `num_samples` ran as its floor and a negative `max_delta_energy` made every
