@@ -46,13 +46,14 @@ def target_of(obj: Any, name: str = "pcbatch.autobatch") -> BoundFunction:
                 raise OptionError(name, f"functools.partial fixes `{key}`, which `{inner.qualname}` "
                                         "does not take (or which is already fixed)")
             fixed[key] = value
-        return BoundFunction(inner.fn, inner.constants + tuple(fixed.items()))
+        return BoundFunction(inner.fn, inner.constants + tuple(fixed.items()),
+                             inner.keyword_fixed | frozenset(obj.keywords))
     if isinstance(obj, types.MethodType):
         inner = target_of(obj.__func__, name)
         first = next(iter(inner.signature.parameters), None)
         if first is None:
             raise OptionError(name, f"method `{inner.qualname}` takes no `self` parameter")
-        return BoundFunction(inner.fn, inner.constants + ((first, obj.__self__),))
+        return BoundFunction(inner.fn, inner.constants + ((first, obj.__self__),), inner.keyword_fixed)
     if isinstance(obj, types.FunctionType):
         return BoundFunction(obj)
     if callable(obj) and isinstance(getattr(type(obj), "__call__", None), types.FunctionType):

@@ -12,6 +12,7 @@ from typing import Any, Callable
 class BoundFunction:
     fn: Callable
     constants: tuple[tuple[str, Any], ...] = ()
+    keyword_fixed: frozenset[str] = frozenset()  # fixed by a partial's keyword, not by position
     signature: inspect.Signature = field(init=False, repr=False)
     _full: inspect.Signature = field(init=False, repr=False)
 
@@ -19,8 +20,20 @@ class BoundFunction:
         fixed = {name for name, _ in self.constants}
         sig = inspect.signature(self.fn)
         object.__setattr__(self, "_full", sig)
-        object.__setattr__(self, "signature", sig.replace(
-            parameters=[p for name, p in sig.parameters.items() if name not in fixed]))
+        object.__setattr__(self, "signature", sig.replace(parameters=self._free(sig, fixed)))
+
+    def _free(self, sig: inspect.Signature, fixed: set[str]) -> list[inspect.Parameter]:
+        """The parameters left to the caller. As for `functools.partial`, those
+        after one fixed by keyword take keywords only: `partial(f, a=1)(x)` on
+        `f(a, b)` gives `x` to `a` (Python's TypeError), never to `b`."""
+        free, keyword_only = [], False
+        varargs = any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values())  # an error anyway
+        for name, p in sig.parameters.items():
+            keyword_only = keyword_only or (name in self.keyword_fixed and not varargs)
+            if name not in fixed:
+                free.append(p.replace(kind=p.KEYWORD_ONLY) if keyword_only and p.kind is p.POSITIONAL_OR_KEYWORD
+                            else p)
+        return free
 
     @property
     def qualname(self) -> str:

@@ -143,6 +143,12 @@ def test_functools_partial():
     np.testing.assert_allclose(g(XS), loop(affine_py, XS, b=5.0))
     with pytest.raises(pcbatch.ArgumentError, match="fixed by functools.partial"):
         g(XS, b=1.0)
+    # Fixed by keyword, the parameters after it take keywords only, as Python's partial binds them:
+    # `partial(affine_py, a=3.0)(XS, 1.0)` is Python's TypeError, never `b=1.0`.
+    h = pcbatch.autobatch(functools.partial(affine_py, a=3.0), fork=False)
+    with pytest.raises(pcbatch.ArgumentError, match="positional"):
+        h(XS, 1.0)
+    np.testing.assert_allclose(h(XS, b=1.0), loop(affine_py, XS, a=3.0, b=1.0))
 
 
 class Scaler:
