@@ -2,8 +2,10 @@
 
 Each op becomes a small real Python function compiled from the user's own AST
 (with the user's file and line numbers, so tracebacks point at their code). It
-runs in the user's module globals, so names resolve exactly as in the
-original function, and closure variables are bound at conversion time.
+runs in a copy of the user's module globals, so names resolve exactly as in
+the original function; globals and closure variables are both bound at
+conversion time, so every machine built from one conversion (other shapes,
+`f.checked`'s, a gradient's) sees the same values.
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ PY = "_pcbatch_py"
 
 class OpCompiler:
     def __init__(self, fn: Callable, filename: str):
-        self.globals = fn.__globals__
+        # A copy: a global rebound later must not reach machines built later (`f.checked`, a gradient,
+        # new shapes) while the ones built before keep the old value, as closure variables are not.
+        self.globals = dict(fn.__globals__)
         self.closure: dict[str, Any] = dict(inspect.getclosurevars(fn).nonlocals)
         self.filename = filename
 

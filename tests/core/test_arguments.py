@@ -5,6 +5,7 @@ Every result is checked against the plain Python function run per example
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 
 import jax
@@ -149,6 +150,25 @@ def test_functools_partial():
     with pytest.raises(pcbatch.ArgumentError, match="positional"):
         h(XS, 1.0)
     np.testing.assert_allclose(h(XS, b=1.0), loop(affine_py, XS, a=3.0, b=1.0))
+
+
+GLOBAL_W = jnp.float32(2.0)
+
+
+def global_power_py(x, n):
+    return GLOBAL_W if n == 0 else x * global_power_py(x, n - 1)
+
+
+def test_globals_are_read_once_for_every_machine(monkeypatch):
+    """A global rebound after the first call is not seen by any later call of
+    the function (f.checked's machine, built later, included), as a closure's
+    variable is not; a new autobatch(fn) reads it again."""
+    f = pcbatch.autobatch(global_power_py, fork=False)
+    old = loop(global_power_py, XS, NS)
+    np.testing.assert_allclose(f(XS, NS), old)
+    monkeypatch.setattr(sys.modules[__name__], "GLOBAL_W", jnp.float32(-3.0))
+    np.testing.assert_allclose(f.checked(XS, NS)[0], old)
+    np.testing.assert_allclose(pcbatch.autobatch(global_power_py, fork=False)(XS, NS), loop(global_power_py, XS, NS))
 
 
 class Scaler:
