@@ -3,7 +3,8 @@ pytree of `ShapeDtypeStruct`s) as a hashable key, and an op's jaxpr walked
 to any depth."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+import weakref
+from typing import Any, Callable, Iterator
 
 import jax
 from jax.extend import core as jex
@@ -22,3 +23,24 @@ def all_eqns(jaxpr: Any) -> Iterator[Any]:
         yield eqn
         for sub in jex.jaxprs_in_params(eqn.params):
             yield from all_eqns(sub)
+
+
+# Op functions whose JAX code holds a `while` loop (`lax.while_loop`, a `fori_loop` with traced
+# bounds, `jax.random.gamma`): noted when their types are inferred, read when a block runs.
+_LOOPING: "weakref.WeakSet[Callable]" = weakref.WeakSet()
+
+
+def note_loops(fn: Callable, jaxpr: Any) -> None:
+    if any(eqn.primitive.name == "while" for eqn in all_eqns(jaxpr)):
+        try:
+            _LOOPING.add(fn)
+        except TypeError:  # not weakly referenceable: never marked
+            pass
+
+
+def has_loop(fn: Callable) -> bool:
+    """Whether `fn`'s JAX code holds a `while` loop (see `note_loops`)."""
+    try:
+        return fn in _LOOPING
+    except TypeError:
+        return False

@@ -21,7 +21,7 @@ import numpy as np
 from pcbatch.errors import (HELPER_CALL_HINT, Loc, PcbatchError, TypeJoinWarning, TypeMismatchError,
                              UnsupportedSyntaxError, user_name)
 from pcbatch.ir.core import Branch, Collect, Fork, Join, Launch, Prim, StackProgram
-from pcbatch.ir.jaxtypes import all_eqns, type_key
+from pcbatch.ir.jaxtypes import all_eqns, note_loops, type_key
 from pcbatch.ir.keys import KEY_JOIN_HINT, check_batchable, check_batchable_ops, is_key
 from pcbatch.ir.printer import format_type
 
@@ -121,6 +121,7 @@ def abstract_eval(op: Prim, in_types: list[Any]) -> tuple:
     try:
         closed, shapes = jax.make_jaxpr(_arrays_only(op), return_shape=True)(*in_types)
         check_batchable_ops(closed.jaxpr, op.text, op.loc)
+        note_loops(op.fn, closed.jaxpr)
         return shapes
     except Exception as e:
         if isinstance(e, PcbatchError):  # raised by pcbatch's own code for the op: it quotes the line

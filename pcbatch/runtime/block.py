@@ -44,6 +44,7 @@ from pcbatch.ir.core import (
     op_reads,
     op_writes,
 )
+from pcbatch.ir.jaxtypes import has_loop
 from pcbatch.ir.printer import format_type
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.ir.weak import as_typed, is_weak
@@ -97,14 +98,28 @@ class Ran(NamedTuple):
     finished: jax.Array
 
 
-def run_prim(op: Prim, read, types: Any, lanes: int | None) -> dict[str, Any]:
+def _valid_rows_only(vals: tuple, batched: tuple, valid: jax.Array) -> tuple:
+    """The batched inputs with every row that does not run the block replaced
+    by one that does: a `while` loop in the op runs until every row's ends,
+    and a row not at the block holds values its example never brings there
+    (`v = 0` on the path that skips the loop): a loop that Python never runs
+    might not end."""
+    first = jnp.argmax(valid)
+    keep = lambda a: jnp.where(valid.reshape(valid.shape + (1,) * (a.ndim - 1)), a, a[first])  # noqa: E731
+    return tuple(jax.tree_util.tree_map(keep, x) if b else x for x, b in zip(vals, batched))
+
+
+def run_prim(op: Prim, read, types: Any, lanes: int | None, valid: jax.Array | None = None) -> dict[str, Any]:
     """`op` on a batch: vmapped over the lanes if any input is batched
-    (`read(v)` gives `(value, batched)`), each output cast to its type."""
+    (`read(v)` gives `(value, batched)`), each output cast to its type.
+    `valid`: the rows that run the block (the others' results are dropped)."""
     vals, batched = zip(*(read(v) for v in op.ins)) if op.ins else ((), ())
     vals = tuple(as_typed(x, types[v]) if is_weak(types[v]) else x for v, x in zip(op.ins, vals))
     # A value with no leaves (None: what a function that returns nothing returns) has no
     # batch axis to map over: jax.vmap refuses it as the only batched input.
     batched = tuple(b and bool(jax.tree_util.tree_leaves(x)) for x, b in zip(vals, batched))
+    if any(batched) and valid is not None and has_loop(op.fn):
+        vals = _valid_rows_only(vals, batched, valid)
     if any(batched):
         try:
             outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)
@@ -155,7 +170,8 @@ def _overflows(value: Any, t: Any) -> bool:
 
 def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, types: Any,
                    lanes: int | None, prims: dict[int, Any] | None = None,
-                   launch: Callable | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                   launch: Callable | None = None,
+                   valid: jax.Array | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The values a block's ops compute, on a batch of lanes: `env` (every
     variable an op assigns) and, per stack, the value its Push/Update writes.
     `read(v)` gives `(value, batched)` of a variable not assigned earlier in
@@ -164,7 +180,8 @@ def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, type
     by out; `launch(op, get)` sees each Launch with the values at that point.
     `prims[k](op, get)`, where given, computes the k-th op instead of
     `run_prim` (the same values in the lanes that run the block). Both
-    machines run blocks with it, and gradients (`grad/backward.py`) differentiate it."""
+    machines run blocks with it, and gradients (`grad/backward.py`) differentiate it.
+    `valid`: the rows that run the block, where the others hold junk (see `run_prim`)."""
     env: dict[str, Any] = {}
     pushed: dict[str, Any] = {}
 
@@ -176,7 +193,7 @@ def block_dataflow(block: Block, stack_of: dict[str, str], read, top, join, type
         if k in prims:
             env.update(prims[k](op, get))
         elif isinstance(op, Prim):
-            env.update(run_prim(op, get, types, lanes))
+            env.update(run_prim(op, get, types, lanes, valid))
         elif isinstance(op, (Push, Update)):
             pushed[stack_of[op.var]] = get(op.var)[0]
         elif isinstance(op, (Pop, Peek)):
@@ -227,7 +244,7 @@ def execute(block: Block, stack_of: dict[str, str], stacks: dict[str, Any], type
     block on the same rows makes them once)."""
     idx = index_dtype()
     valid = rows.valid
-    env, pushed = block_dataflow(block, stack_of, read, top, join, types, lanes, prims, launch)
+    env, pushed = block_dataflow(block, stack_of, read, top, join, types, lanes, prims, launch, valid)
     writes = dict(no_writes(stacks, lanes, depth) if writes is None else writes)
     sps = dict(rows.sps)
     for s, (_, w, d) in stack_offsets(block, stack_of).items():

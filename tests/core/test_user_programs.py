@@ -47,6 +47,23 @@ def test_range_bounds_are_read_once(fork):
     same(jax.jit(g)(jnp.array([10, 10, 3, 2]), k), g.reference(jnp.array([10, 10, 3, 2]), k))
 
 
+def collatz_below(x, n):
+    v = x * (n <= 0)  # 0 on the path that recurses: Collatz's loop never ends on 0
+    if n <= 0:
+        return jax.lax.while_loop(lambda c: c[0] != 1, lambda c: (jnp.where(c[0] % 2 == 0, c[0] // 2,
+                                                                          3 * c[0] + 1), c[1] + 1), (v, 0))[1]
+    return collatz_below(x, n - 1) + 1
+
+
+@pytest.mark.parametrize("fork", [False, True])
+def test_while_loop_runs_only_on_lanes_at_its_block(fork):
+    """A lax.while_loop in a block ran on every lane, also those not at the
+    block, on values Python never brings there (`v = 0`): it never ended."""
+    xs, ns = jnp.array([3, 5, 7, 6]), jnp.array([0, 1, 2, 1])
+    want = np.stack([np.asarray(collatz_below(x, n)) for x, n in zip(xs, ns)])
+    same(pcbatch.autobatch(collatz_below, fork=fork)(xs, ns), want)
+
+
 @pcbatch.autobatch(max_steps=2000)
 def range_trips(start, stop, step):
     c = 0
