@@ -95,6 +95,11 @@ _CONCRETE: tuple[tuple[type, str, str], ...] = (
 )
 
 
+def _builtin_value(x: Any) -> bool:
+    """A value of Python's or a library's own (a str, a dtype), not of a class of the user's."""
+    return type(x).__module__ in ("builtins", "numpy") or type(x).__module__.startswith(("jax", "numpy."))
+
+
 def _arrays_only(op: Prim):
     """`op.fn`, raising a named error where it makes a value that is no array
     (`h = jnp.abs`, `g = f`): JAX's would say an internal function returned it."""
@@ -112,7 +117,10 @@ def _arrays_only(op: Prim):
                     ("call a function where you use it (`jnp.abs(x)`, `f(n - 1)` by its own name), or assign a "
                      "lambda (`h = lambda v: jnp.abs(v)`)." if callable(bad[0]) else
                      "write the expression where it is used (`n.astype(xs.dtype)`), or make it a global of the "
-                     "module.") + " See README.md, 'Supported Python'.")
+                     "module." if _builtin_value(bad[0]) else
+                     f"register `{type(bad[0]).__name__}` as a JAX pytree (jax.tree_util.register_dataclass), or "
+                     "read it where it is used (a global, a closure's variable, `self.w`) instead of passing it "
+                     "on.") + " See README.md, 'Supported Python'.")
         return outs
     return fn
 

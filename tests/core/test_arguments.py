@@ -190,6 +190,14 @@ def test_methods_and_bound_methods():
         np.testing.assert_allclose(obj.power(XS, NS), expected)
         np.testing.assert_allclose(pcbatch.autobatch(obj.plain_power, fork=False)(XS, NS), expected)
     assert s.power is s.power  # compiled once per instance
+    # A fixed object passed on to the recursive call is no array: the hint says how to pass it.
+    passed_on = pcbatch.autobatch(functools.partial(lambda_free_passed_on, s), fork=False)
+    with pytest.raises(pcbatch.UnsupportedSyntaxError, match="register `Scaler` as a JAX pytree"):
+        passed_on(XS, NS)
+
+
+def lambda_free_passed_on(obj, x, n):
+    return 1.0 if n == 0 else obj.w * x * lambda_free_passed_on(obj, x, n - 1)
 
 
 @pytest.mark.parametrize("fork", [False, True])
