@@ -204,7 +204,11 @@ class Guarded:
             raise OptionError("schedule", f"{self.inner!r}.choose must return its carry in the structure init "
                                           f"gave it: {jax.tree_util.tree_structure(carry)}, got "
                                           f"{jax.tree_util.tree_structure(new_carry)}")
+        _check_carry_leaves(self.inner, carry, new_carry)
         carry = new_carry
+        if isinstance(block, (int, np.integer)) and not isinstance(block, bool):
+            # A Python int past int32 would overflow in jnp.asarray: any such answer is out of range.
+            block = int(np.clip(block, -1, np.iinfo(np.int32).max))
         block = jnp.asarray(block)
         if block.shape != () or not jnp.issubdtype(block.dtype, jnp.integer):
             raise OptionError("schedule", f"{self.inner!r}.choose must return an integer scalar block index, "
@@ -220,6 +224,23 @@ class Guarded:
 
     def __repr__(self) -> str:
         return repr(self.inner)
+
+
+def _check_carry_leaves(inner: Any, carry: Any, new_carry: Any) -> None:
+    """A carry leaf whose shape or dtype `choose` changed is a named error (the
+    loop's own message would speak of `s.sched` and `while_loop`). A Python
+    number that init gave is weakly typed: the loop promotes it to the dtype
+    choose returns."""
+    paths = jax.tree_util.tree_flatten_with_path(carry)[0]
+    for (path, old), new in zip(paths, jax.tree_util.tree_leaves(new_carry)):
+        old_type = (np.shape(old), jnp.result_type(old))
+        new_type = (np.shape(new), old_type[1] if jax.typeof(old).weak_type else jnp.result_type(new))
+        if new_type != old_type:
+            where = jax.tree_util.keystr(path) or "the carry"
+            raise OptionError("schedule", f"{inner!r}.choose must return its carry with the shapes and dtypes "
+                                          f"init gave it: {where} was {old_type[1]}{list(old_type[0])}, choose "
+                                          f"returned {new_type[1]}{list(new_type[0])}",
+                              "cast it back, e.g. `carry.astype(jnp.int32)`.")
 
 
 def guarded(scheduler: Any) -> Any:

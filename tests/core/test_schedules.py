@@ -112,18 +112,22 @@ def test_a_user_scheduler_breaking_its_contract_is_a_named_error():
             self.how = how
 
         def init(self, num_blocks, num_lanes):
-            return ()
+            return () if self.how != "carry dtype" else jnp.int32(0)
 
         def choose(self, carry, frontier):
             block = fsm.Earliest().choose((), frontier)[0]
+            if self.how == "carry dtype":
+                return block, carry + 0.5
             return {"float": (block.astype(jnp.float32), carry), "vector": (block[None], carry),
-                    "none": None, "carry": (block, None)}[self.how]
+                    "none": None, "carry": (block, None), "huge": (2 ** 40, carry)}[self.how]
 
     n = jnp.array([3, 5])
     for how, says in [("float", "integer scalar"), ("vector", "integer scalar"), ("none", r"\(block, carry\)"),
-                      ("carry", "its carry in the structure")]:
+                      ("carry", "its carry in the structure"), ("carry dtype", r"was int32\[\], choose returned float")]:
         with pytest.raises(pcbatch.OptionError, match=says):
             fib.with_schedule(Answer(how))(n)
+    # A Python int past int32 is out of range like any other (it raised numpy's OverflowError).
+    assert fib.with_schedule(Answer("huge"))(n).tolist() == [2, 5]
     far = Answer("float")
     far.follow = (99,)
     with pytest.raises(pcbatch.OptionError, match=r"follow names blocks \[99\]"):
