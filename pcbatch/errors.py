@@ -170,7 +170,7 @@ class ExampleError(PcbatchError):
     """Some examples reached a `raise`, a failed `assert` or a `range()` step
     of 0: where Python raises. The other examples' results were computed."""
 
-    def __init__(self, examples: list[int], where: dict[int, tuple[str, Loc | None]]):
+    def __init__(self, examples: list[int], where: dict[int, tuple[str, Loc | None]], also: str = ""):
         self.examples = examples
         self.where = where  # example -> (the statement, or what went wrong; its line), for those listed
         shown = examples[:10]
@@ -185,10 +185,15 @@ class ExampleError(PcbatchError):
             parts.append(f"example{'s' if len(members) > 1 else ''} {names}:{said}"
                          + (f"\n{loc.quote()}" if loc is not None else ""))
         more = "" if len(examples) <= 10 else f"\n(and {len(examples) - 10} more)"
+        # `also`: other examples that did not finish either (overflow, max_steps): their results are not computed.
+        others = (f"the other examples' results were computed, except {also}: "
+                  "call `f.checked(...)` to get them with the flags (`status.failed`, `status.overflow`, "
+                  "`status.unfinished`).") if also else (
+                  "the other examples' results were computed: call `f.checked(...)` to get them with the flags "
+                  "(`status.failed`).")
         super().__init__(
             f"{len(examples)} example(s) failed where Python raises:\n" + "\n".join(parts) + more + "\n"
-            "Hint: Python raises here for these examples; the other examples' results were computed: "
-            "call `f.checked(...)` to get them with the flags (`status.failed`)."
+            "Hint: Python raises here for these examples; " + others
         )
 
 

@@ -45,7 +45,8 @@ def raise_for(status: Status, prog: StackProgram | None, bound: Bound, options: 
     failed_at = np.asarray(status.failed)
     failed = np.nonzero(failed_at)[0].tolist()
     if failed:
-        raise ExampleError(failed, {i: fail_source(prog, int(failed_at[i]) - 1) for i in failed[:10]})
+        raise ExampleError(failed, {i: fail_source(prog, int(failed_at[i]) - 1) for i in failed[:10]},
+                           _not_computed(status, options))
     overflow = np.nonzero(np.asarray(status.overflow))[0].tolist()
     if overflow:
         raise StackOverflowError(overflow, options.max_stack_depth,
@@ -63,6 +64,21 @@ def raise_for(status: Status, prog: StackProgram | None, bound: Bound, options: 
             where.append(f"example {i} " + ("waiting for its forked calls, then " if waiting else "")
                          + f"at b{pc} ({block.label}" + (f", {block.loc}" if block.loc else "") + ")")
         raise MaxStepsExceededError(unfinished, options.max_steps, where)
+
+
+def _not_computed(status: Status, options: Options) -> str:
+    """Which examples that did not fail overflowed or ran out of steps, for
+    `ExampleError`'s hint (it is raised first, and would say every other
+    example's result was computed)."""
+    ok = np.asarray(status.failed) == 0
+    said = []
+    for flags, why in ((status.overflow, f"overflowed max_stack_depth={options.max_stack_depth}"),
+                       (status.unfinished, f"were unfinished after max_steps={options.max_steps}")):
+        which = np.nonzero(np.asarray(flags) & ok)[0].tolist()
+        if which:
+            said.append(f"example{'s' if len(which) > 1 else ''} {', '.join(map(str, which[:10]))}"
+                        f"{' ...' if len(which) > 10 else ''}, which {why}")
+    return " and ".join(said)
 
 
 def fail_source(prog: StackProgram, block: int) -> tuple[str, Any]:

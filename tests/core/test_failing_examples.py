@@ -78,6 +78,21 @@ def test_stack_overflow_is_flagged_alone_and_raised_fast(fork):
     assert info.value.needed[1] == "max_stack_depth=101"
 
 
+def checked_depth_py(n):
+    assert n >= 0
+    return 0 if n == 0 else 1 + checked_depth_py(n - 1)
+
+
+def test_an_example_error_names_the_examples_that_overflowed_too():
+    """ExampleError is raised first; its hint said every other example's result was computed,
+    also for examples that overflowed max_stack_depth (garbage, not computed)."""
+    f = pcbatch.autobatch(checked_depth_py, max_stack_depth=3, fork=False)
+    n = [2, 9, -1, 1]
+    with pytest.raises(pcbatch.ExampleError, match=r"except example 1, which overflowed max_stack_depth=3") as info:
+        f(jnp.asarray(n))
+    assert info.value.examples == [2]
+
+
 def runaway_after_calls(n):
     """(98 + n - 1, n > 5); n == 7 loops forever after its calls returned (their value is
     in the return slot when the machine stops)."""
