@@ -220,8 +220,10 @@ class Autobatched:
         >>> t.total == t.steps, int(t.lanes.max()) <= 4
         (True, True)
         """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise OptionError("steps", f"must be a positive int, got {steps!r}")
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps < 2 ** 31:
+            raise OptionError("steps", f"must be a positive int below 2**31, got {steps!r}",
+                              "the number of steps whose trace is kept (buffers of that many rows), e.g. steps=4096.")
+        steps = int(steps)
         exe, inputs = self._host_side("trace", args, kwargs)
         if exe.batch == 0:  # nothing runs
             idx = np.dtype(exe.signature.index_dtype)

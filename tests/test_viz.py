@@ -237,6 +237,10 @@ def test_lane_progress_into_an_axes_and_of_a_truncated_trace():
 def test_lane_progress_needs_the_per_lane_record():
     with pytest.raises(ValueError, match="per_lane=True"):
         viz.lane_progress(fib.trace(X), 0)
+    # A NumPy int is a count like any other; one past int32 was JAX's raw OverflowError.
+    assert fib.trace(X, steps=np.int64(4096)).total == fib.trace(X).total
+    with pytest.raises(pcbatch.OptionError, match="steps: must be a positive int below 2"):
+        fib.trace(X, steps=2 ** 40)
 
 
 def test_policy_graph_draws_every_state_and_transition(policy, names):

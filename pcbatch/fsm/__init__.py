@@ -64,6 +64,10 @@ def get_scheduler(schedule: Any, prog: Any = None) -> Scheduler:
             raise OptionError("schedule", f"unknown schedule {schedule!r}; choose from {sorted(named)} or pass "
                                           "a scheduler")
         schedule = named[schedule]()
+    elif isinstance(schedule, type):
+        # The class where its instance was meant: its methods would miss `self`'s argument when traced.
+        raise OptionError("schedule", f"got the class {schedule.__name__}, not a scheduler object",
+                          f"pass an instance: schedule={schedule.__name__}().")
     elif not hasattr(schedule, "choose") or not hasattr(schedule, "init"):
         raise OptionError("schedule", f"must be a name or have init() and choose(); got {schedule!r}")
     schedule = guarded(schedule)

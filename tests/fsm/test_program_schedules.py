@@ -126,6 +126,9 @@ def test_a_policy_for_another_program_is_a_clear_error():
 def test_unknown_schedule_name_is_an_error():
     with pytest.raises(ValueError, match="unknown schedule"):
         pcbatch.autobatch(lambda n: n, schedule="fastest")
+    # The class for its instance was JAX's raw TypeError (`init() missing ... 'num_lanes'`) at the call.
+    with pytest.raises(pcbatch.OptionError, match=r"schedule=Earliest\(\)"):
+        pcbatch.autobatch(lambda n: n, schedule=fsm.Earliest)
 
 
 # --- fork-join: the recorded executions are DAGs -----------------------------
