@@ -295,6 +295,9 @@ def random_binary_trees(count: int, *, seed: int = 0, min_leaves: int = 10, max_
     """`count` random binary trees with leaf counts uniform in
     [min_leaves, max_leaves] (sentence-like sizes by default), all padded to
     `max_nodes` (default `2 * max_leaves - 1`). A sequence of shapes is cycled."""
+    for name, value in (("count", count), ("min_leaves", min_leaves), ("max_leaves", max_leaves)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")   # -1 trees was an empty list
     if not 1 <= min_leaves <= max_leaves:
         raise ValueError("need 1 <= min_leaves <= max_leaves")
     max_nodes = 2 * max_leaves - 1 if max_nodes is None else max_nodes

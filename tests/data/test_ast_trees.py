@@ -168,6 +168,11 @@ def test_max_trees_zero_is_empty_and_negative_is_an_error():
     assert len(data.load_ast_trees("train", max_trees=2, max_nodes=32).trees) == 2
     with pytest.raises(ValueError, match="max_trees"):
         data.load_ast_trees("train", max_trees=-5)
+    # random_binary_trees alike: zero trees is empty, a negative count (was an empty list) or a fractional size an error
+    assert data.random_binary_trees(0) == []
+    for bad in ({"count": -1}, {"count": 3, "min_leaves": 2.5}):
+        with pytest.raises(ValueError, match="must be an int >= 0"):
+            data.random_binary_trees(**bad)
 
 
 @pytest.mark.parametrize("kwargs, says", [
