@@ -363,14 +363,15 @@ def test_python_number_beside_a_narrower_value():
 
 
 # Per (grad_switch, fork, jit): the gradient machines `make test` compiles; the others are
-# `matrix` cells. The cond eagerly with forks, the switch under jit with forks
-# (`tests/grad/test_grad_models.py` runs it with fork=False too); fork=False's float64
+# `matrix` cells. The cond eagerly with forks (the CPU's way); the switch (accelerators')
+# under jit with forks is a matrix cell here, its float32 twin runs in make test
+# (`tests/grad/test_grad_models.py`, with fork=False too); fork=False's float64
 # gradient: test_gradients_stacked_float64[fork=False].
 GRADIENT_CELLS = [
     pytest.param(False, [(True, False)], id="cond"),
     pytest.param(False, [(True, True), (False, False), (False, True)], id="cond-other-cells",
                  marks=pytest.mark.matrix),
-    pytest.param(True, [(True, True)], id="switch"),
+    pytest.param(True, [(True, True)], id="switch", marks=pytest.mark.matrix),
     pytest.param(True, [(False, True)], id="switch-fork=False", marks=pytest.mark.matrix),
 ]
 

@@ -132,7 +132,7 @@ def test_padding_runs_no_blocks(fork):
     assert padding == 0
     assert got.shape == (5,) and status.blocks_run.shape == (5,)
     assert np.all(np.asarray(status.blocks_run) > 0)
-    if fork:  # (the single-device fork-join machine is compared in test_nary_tree_lstm)
+    if fork:  # (the single-device fork-join machine is compared in test_nary_tree_lstm, a matrix cell)
         assert_same(got, fn.reference(x))
     else:
         want, ref = fn.checked(x)
@@ -235,6 +235,7 @@ def test_max_steps_names_global_examples():
 
 # --- fork-join: a TreeLSTM batch on per-device lane pools ----------------------
 
+@pytest.mark.matrix  # fork-join on a mesh stays in make test: test_padding_runs_no_blocks[True]
 def test_nary_tree_lstm():
     """10 trees on 4 devices: 3 per device (2 padding), a lane pool per device
     sized from its 3 examples; the same results and blocks as on one device."""
