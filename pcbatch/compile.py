@@ -42,7 +42,7 @@ from pcbatch.runtime import MachineConfig, Status, run_machine
 from pcbatch.runtime.dtypes import index_dtype, nbytes
 from pcbatch.runtime.grad import Differentiable
 from pcbatch.runtime.options import Tuning
-from pcbatch.runtime.run import new_workspace, step_tracer, workspace_shapes
+from pcbatch.runtime.run import check_fits, new_workspace, step_tracer, workspace_shapes
 from pcbatch.runtime.stacks import StackLayout
 from pcbatch.runtime.steps import StepTrace
 
@@ -204,7 +204,10 @@ class Executable:
         if sharding is None:
             return new_workspace(self.prog, self.batch, self.config(self.batch)[1], eager)
         local = self.signature.local_batch
-        return sharding.new_workspace(workspace_shapes(self.prog, local, self.config(local)[1]))
+        config = self.config(local)[1]
+        shapes = workspace_shapes(self.prog, local, config)
+        check_fits(nbytes(shapes), local, config)  # one device's share
+        return sharding.new_workspace(shapes)
 
     def step_tracer(self, steps: int, per_lane: bool) -> Callable[[dict[str, Any]], tuple[Any, Status, StepTrace]]:
         """`f.trace`'s jitted run for `steps` steps (`runtime.run.step_tracer`), built once."""

@@ -3,12 +3,14 @@ the program forks; workspaces (the stacks) and step traces."""
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pcbatch.errors import OptionError
 from pcbatch.ir.core import CONSTANT, INVARIANT, StackProgram
 from pcbatch.runtime.block import eval_prelude
 from pcbatch.runtime.config import MachineConfig, Status
@@ -42,10 +44,40 @@ def new_workspace(prog: StackProgram, num_lanes: int, config: MachineConfig, eag
     equal fills would be one buffer that XLA copies into every stack (a Tree-LSTM's
     `[depth, lanes, H]` stacks: hundreds of MB per call). `eager`: built outside any trace."""
     leaves, treedef = jax.tree_util.tree_flatten(workspace_shapes(prog, num_lanes, config))
+    check_fits(nbytes(leaves), num_lanes, config)
     if eager and _host_fillable(leaves):
         return treedef.unflatten([jax.device_put(np.full(s.shape, k, s.dtype)) for k, s in enumerate(leaves)])
     fill = _filler(tuple((s.shape, s.dtype) for s in leaves))
     return treedef.unflatten(fill(np.arange(len(leaves), dtype=np.int32)))
+
+
+def device_memory_bytes(device: Any = None) -> int | None:
+    """Memory of `device` (default: JAX's first): an accelerator's allocator limit, else the
+    host's physical memory (the CPU's arrays live there); None where neither is known."""
+    device = device or jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits(workspace_bytes: int, num_lanes: int, config: MachineConfig, device: Any = None) -> None:
+    """A named error where the stacks cannot fit on the device at all (an explicit huge
+    `max_stack_depth` or `max_lanes`), before XLA's raw RESOURCE_EXHAUSTED."""
+    memory = device_memory_bytes(device)
+    if memory is None or workspace_bytes <= memory:
+        return
+    gib = lambda n: f"{n / 2 ** 30:.1f} GiB"  # noqa: E731
+    lanes = config.max_lanes or num_lanes  # a fork-join pool's, else one lane per example
+    option = "max_lanes" if config.max_lanes and config.max_lanes > num_lanes else "max_stack_depth"
+    raise OptionError(option, f"the machine's stacks take {gib(workspace_bytes)} ({lanes} lanes x "
+                      f"{config.max_stack_depth} frames), more than the {gib(memory)} of memory of "
+                      f"{device or jax.devices()[0]}",
+                      "lower max_stack_depth (the deepest recursion an example needs, plus one), or max_lanes "
+                      "with fork=True (by default pcbatch sizes the lane pool to Tuning.pool_stack_bytes)")
 
 
 def _host_fillable(leaves: list[Any]) -> bool:

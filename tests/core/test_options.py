@@ -144,3 +144,12 @@ def test_tuning_never_changes_results(tuning, fork):
 def test_unknown_tuning_field_is_an_option_error_with_the_closest_name():
     with pytest.raises(pcbatch.OptionError, match="did you mean max_widths"):
         pcbatch.Tuning(max_width=2)
+
+
+@pytest.mark.parametrize("options, named", [({"max_stack_depth": 2 ** 31}, "max_stack_depth"),
+                                            ({"fork": True, "max_lanes": 2 ** 31}, "max_lanes")])
+def test_stacks_larger_than_the_device_are_a_named_error(options, named):
+    """Before: JAX's raw RESOURCE_EXHAUSTED once XLA tried to allocate them (tens of GiB to TiB)."""
+    f = pcbatch.autobatch(fib, **options)
+    with pytest.raises(pcbatch.OptionError, match=rf"^{named}: the machine's stacks take .* GiB .* more than"):
+        f(jnp.array([3, 5]))
