@@ -231,6 +231,22 @@ class AstTrees(NamedTuple):
     names: list[str]
 
 
+def _whole(value: object) -> bool:
+    """An int, or a float holding one (`2.0`); not a bool or a string."""
+    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+            and float(value).is_integer())
+
+
+def _numbers(values: object) -> tuple[float, ...] | None:
+    """`values` as floats, or None where they are not a sequence of numbers."""
+    if isinstance(values, (str, bytes)):
+        return None
+    try:
+        return tuple(float(v) for v in values)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        return None
+
+
 def load_ast_trees(split: str = "train", *, max_nodes: int = 128, min_nodes: int = 1, max_children: int = 16,
                    max_trees: int | None = None, task: str | None = None, drop_context: bool = True,
                    modules: Sequence[str] | None = None,
@@ -244,16 +260,17 @@ def load_ast_trees(split: str = "train", *, max_nodes: int = 128, min_nodes: int
         raise ValueError(f"split must be one of {SPLITS + ('all',)}, got {split!r}")
     if task not in (None, "returns_value"):
         raise ValueError(f"unknown task {task!r}")
-    if max_trees is not None and (isinstance(max_trees, bool) or int(max_trees) != max_trees or max_trees < 0):
+    if max_trees is not None and not (_whole(max_trees) and max_trees >= 0):
         raise ValueError(f"max_trees must be None or an int >= 0, got {max_trees!r}")
     for name, value, low in (("max_nodes", max_nodes, 1), ("min_nodes", min_nodes, 1), ("max_children", max_children, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     if min_nodes > max_nodes:
         raise ValueError(f"min_nodes ({min_nodes}) is more than max_nodes ({max_nodes}): no tree qualifies")
-    if len(fractions) != len(SPLITS) or any(not f >= 0 for f in fractions) or not sum(fractions) > 0:
+    numbers = _numbers(fractions)
+    if numbers is None or len(numbers) != len(SPLITS) or any(not f >= 0 for f in numbers) or not sum(numbers) > 0:
         raise ValueError(f"fractions must be {len(SPLITS)} non-negative numbers (train, validation, test), "
-                         f"got {tuple(fractions)!r}")
+                         f"got {fractions!r}")
     if isinstance(modules, str):
         raise ValueError(f"modules must be a sequence of dotted module names, got the string {modules!r} "
                          f"(write modules=[{modules!r}])")

@@ -182,6 +182,9 @@ def test_max_trees_zero_is_empty_and_negative_is_an_error():
     ({"max_nodes": 0}, "max_nodes must be an int >= 1"),
     ({"max_children": 0}, "max_children must be an int >= 1"),
     ({"fractions": (0.8, -0.1, 0.3)}, "fractions must be"),
+    ({"fractions": "abc"}, "fractions must be"),             # was float()'s or a comparison's raw error
+    ({"fractions": None}, "fractions must be"),
+    ({"max_trees": "x"}, "max_trees must be None or an int"),
 ])
 def test_bad_arguments_are_errors_not_empty_sets(kwargs, says):
     with pytest.raises(ValueError, match=says):
