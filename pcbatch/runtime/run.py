@@ -52,10 +52,15 @@ def new_workspace(prog: StackProgram, num_lanes: int, config: MachineConfig, eag
 
 
 def device_memory_bytes(device: Any = None) -> int | None:
-    """Memory of `device` (default: JAX's first): an accelerator's allocator limit, else the
-    host's physical memory (the CPU's arrays live there); None where neither is known."""
-    device = device or jax.devices()[0]
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    """Memory of `device` (default: this process's first): an accelerator's allocator limit,
+    else the host's physical memory (the CPU's arrays live there); None where neither is known.
+    A process asks only its own devices (another process's cannot answer, under
+    `jax.distributed`)."""
+    device = device or jax.local_devices()[0]
+    try:
+        stats = device.memory_stats()
+    except (AttributeError, NotImplementedError, RuntimeError):  # a backend without them: the host's
+        stats = None
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"])
     try:
@@ -75,7 +80,7 @@ def check_fits(workspace_bytes: int, num_lanes: int, config: MachineConfig, devi
     option = "max_lanes" if config.max_lanes and config.max_lanes > num_lanes else "max_stack_depth"
     raise OptionError(option, f"the machine's stacks take {gib(workspace_bytes)} ({lanes} lanes x "
                       f"{config.max_stack_depth} frames), more than the {gib(memory)} of memory of "
-                      f"{device or jax.devices()[0]}",
+                      f"{device or jax.local_devices()[0]}",
                       "lower max_stack_depth (the deepest recursion an example needs, plus one), or max_lanes "
                       "with fork=True (by default pcbatch sizes the lane pool to Tuning.pool_stack_bytes)")
 
