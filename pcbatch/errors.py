@@ -111,12 +111,12 @@ class TypeMismatchError(PcbatchError):
             what = f"variable {', '.join(f'`{v}`' for v in named)} ({what})"
         where1 = f"\n{first_loc.quote()}" if first_loc else ""
         where2 = f"\n{second_loc.quote()}" if second_loc else ""
-        super().__init__(
-            f"{what} has type {first} here:{where1}\nbut type {second} here:{where2}\n"
-            "Hint: " + (hint or (TEMPORARY_HINT if is_temporary(var) else "") or "every assignment to a variable (and every return of a function) must have the "
-                        "same shape and tree structure; dtypes are joined by JAX's promotion rules. Use "
-                        "separate variable names, or cast/reshape explicitly.")
-        )
+        if not hint:
+            hint = TEMPORARY_HINT if is_temporary(var) else (
+                "every assignment to a variable (and every return of a function) must have the same shape and "
+                "tree structure; dtypes are joined by JAX's promotion rules. Use separate variable names, or "
+                "cast/reshape explicitly.")
+        super().__init__(f"{what} has type {first} here:{where1}\nbut type {second} here:{where2}\nHint: {hint}")
 
 
 class DtypeOverflowError(TypeMismatchError, OverflowError):

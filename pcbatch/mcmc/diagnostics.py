@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from pcbatch.errors import ArgumentError
+
 __all__ = ["ess", "rhat", "summary"]
 
 
@@ -30,8 +32,7 @@ def _as_draws(x: Any) -> np.ndarray:
     return x
 
 
-def _invalid(message: str, hint: str = "") -> Exception:
-    from pcbatch.errors import ArgumentError  # a ValueError too
+def _invalid(message: str, hint: str = "") -> ArgumentError:
     return ArgumentError("pcbatch.mcmc.diagnostics", message, hint)
 
 
