@@ -32,7 +32,7 @@ from pcbatch.runtime.loop import block_in, while_loop_recorded
 from pcbatch.runtime.stacks import StackLayout
 from pcbatch.runtime.state import MachineState
 from pcbatch.ir.weak import as_typed, is_weak
-from pcbatch.runtime.lanes import DROP, FILL, cast_to, first_true, select_where, where, zeros_of
+from pcbatch.runtime.lanes import DROP, cast_to, first_true, select_where, take, where, zeros_of
 from pcbatch.ir.core import (
     CONSTANT,
     INVARIANT,
@@ -246,7 +246,7 @@ class Machine:
 
     def _tops(self, stacks: dict[str, Any], sps: dict[str, jax.Array], names) -> dict[str, Any]:
         """Each stack in `names`: its top frame per lane (row `sp - 1`; row 0 when empty)."""
-        return {s: tree_map(lambda a: a.at[jnp.maximum(sps[s] - 1, 0), self.lane_ids].get(**FILL, fill_value=0),
+        return {s: tree_map(lambda a: take(a, jnp.maximum(sps[s] - 1, 0), self.lane_ids),
                             stacks[s]) for s in names}
 
     def _write(self, stack: Any, row: jax.Array, value: Any) -> Any:

@@ -64,7 +64,7 @@ from pcbatch.ir.jaxtypes import type_key
 from pcbatch.runtime.block import Codes, Rows, execute, no_writes
 from pcbatch.runtime.dtypes import index_dtype
 from pcbatch.runtime.state import FreeLanes, LaneColumns, PoolState, Queues
-from pcbatch.runtime.lanes import (DROP, FILL, as_index, cast_to, column, gather_rows, pad_rows, scatter_rows,
+from pcbatch.runtime.lanes import (DROP, as_index, cast_to, column, gather_rows, pad_rows, scatter_rows, take,
                                    where, with_columns, zeros_of)
 from pcbatch.runtime.config import MachineConfig, Status
 from pcbatch.runtime.loop import block_in, while_loop_recorded
@@ -91,7 +91,7 @@ def slot_of(dest: jax.Array, targets: list[int], none: int | None = None) -> jax
     if len(targets) > 2:  # one gather from a table, not a compare and select per target
         table = np.full(max(targets) + 1, none, dest.dtype)
         table[targets] = np.arange(len(targets))
-        return jnp.asarray(table).at[dest].get(**FILL, fill_value=none)
+        return take(jnp.asarray(table), dest, fill=none)
     slot = jnp.full(dest.shape, none, dest.dtype)
     for k, t in enumerate(targets):
         slot = where(dest == t, k, slot)
@@ -350,7 +350,7 @@ class PoolMachine:
                 return loaded[v], True
 
             def top(s: str) -> Any:
-                return tree_map(lambda a: a.at[jnp.maximum(sps[s] - 1, 0), ids].get(**FILL, fill_value=0),
+                return tree_map(lambda a: take(a, jnp.maximum(sps[s] - 1, 0), ids),
                                 view["stacks"][s])
 
             taken: dict[str, Any] = {"head": None, "freed": [], "poison": jnp.zeros((W,), idx)}
@@ -361,11 +361,9 @@ class PoolMachine:
                     when = valid if op.when is None else valid & jnp.broadcast_to(
                         jnp.asarray(read(op.when)[0]) != 0, (W,))
                     took = when & (head < M)
-                    taken["head"] = where(took, view["lane"].at[head, col.sibling].get(
-                        **FILL, fill_value=M), head)
+                    taken["head"] = where(took, take(view["lane"], head, col.sibling, fill=M), head)
                     taken["freed"].append(where(took, head, M))
-                    taken["poison"] = taken["poison"] | where(took, view["lane"].at[head, col.poison].get(
-                        **FILL, fill_value=0), 0)
+                    taken["poison"] = taken["poison"] | where(took, take(view["lane"], head, col.poison), 0)
                     return {op.out: cast_to(gather_rows(view["regs"][op.ret], head), types[op.out], None),
                             op.flag: head < M}
                 kids = own[:, col.kids]
@@ -386,7 +384,7 @@ class PoolMachine:
             pc_sp = get("pc_sp")
             pc_top = None
             if isinstance(block.term, Return):
-                pc_top = view["pc_stack"].at[jnp.maximum(pc_sp - 1, 0), ids].get(**FILL, fill_value=self.halt)
+                pc_top = take(view["pc_stack"], jnp.maximum(pc_sp - 1, 0), ids, fill=self.halt)
             ran = execute(block, self.stack_of, self.stacks, types, load, top, join,
                           Rows(valid, sps, pc_sp, pc_top, child), self.codes, D, W, launch=launch, index=b,
                           writes=nothing["stack_writes"] if W == N else None)
@@ -397,8 +395,7 @@ class PoolMachine:
             if block.ops and isinstance(block.ops[0], Join):
                 kids = own[:, col.kids]
                 for k in range(len(block.ops[0].rets)):
-                    changes["poison"] = changes["poison"] | view["lane"].at[kids[:, k], col.poison].get(
-                        **FILL, fill_value=0)
+                    changes["poison"] = changes["poison"] | take(view["lane"], kids[:, k], col.poison)
                 freed = where(valid[:, None], kids, M).reshape(-1)
 
             link = None  # (lane, its new next sibling)
@@ -478,7 +475,7 @@ class PoolMachine:
                 pc = where(can, -1 - term.join, term.seq).astype(idx)
             finished = ran.finished
             if b in self.stoppers:  # once it holds no children, a lane of a failed example stops here
-                stop = (valid & (view["failed"].at[get("example")].get(**FILL, fill_value=0) != 0)
+                stop = (valid & (take(view["failed"], get("example")) != 0)
                         & (get("pending") == 0) & (get("kid_head") == M))
                 pc = where(stop, where(child, self.done, self.halt), pc).astype(idx)
                 finished = finished | (stop & child)
@@ -589,10 +586,10 @@ class PoolMachine:
             lane = lane.at[parent, col.depth].max(depth, **DROP)
             r = jnp.arange(N, dtype=pc.dtype)
             claim = claim.at[parent].set(r, **DROP)  # one of the siblings speaks for the parent
-            woke = ((parent < M) & (claim.at[parent].get(**FILL, fill_value=-1) == r)
-                    & (lane.at[parent, col.pending].get(**FILL, fill_value=1) == 0)
-                    & (pc.at[parent].get(**FILL, fill_value=0) < 0))  # a launching parent may not wait yet
-            join = -1 - pc.at[parent].get(**FILL, fill_value=0)
+            woke = ((parent < M) & (take(claim, parent, fill=-1) == r)
+                    & (take(lane, parent, col.pending, fill=1) == 0)
+                    & (take(pc, parent) < 0))  # a launching parent may not wait yet
+            join = -1 - take(pc, parent)
             dest = where(woke, join, nb)
             rank, added = ranks_by(dest, self.joins, nb)
             queues = enqueue(queues, parent, dest, rank, added)
@@ -639,7 +636,7 @@ class PoolMachine:
             free_top = state.free.top
             j = jnp.arange(N * K, dtype=pc.dtype)
             free = where(j < free_top, state.free.lanes[jnp.maximum(free_top - 1 - j, 0)], M)
-            own = state.lane.at[ids].get(**FILL, fill_value=0)
+            own = take(state.lane, ids)
             rows = {"ids": ids, "valid": ids < M, "own": own, "cols": tuple(column(own, c) for c in range(col.count))}
             view = {"lane": state.lane, "regs": state.regs, "stacks": state.stacks, "pc_stack": state.pc_stack,
                     "rows": rows, "nothing": nothing, "n": n, "free": free, "free_top": free_top,
@@ -730,7 +727,7 @@ class PoolMachine:
     def _flag_failed(failed: jax.Array, examples: jax.Array, block: jax.Array) -> jax.Array:
         """The examples of a step's lanes at a Fail block (`examples`: B where none) are
         failed there (1 + the block), unless an earlier Fail already flagged them."""
-        before = failed.at[examples].get(**FILL, fill_value=0)
+        before = take(failed, examples)
         return failed.at[examples].set(where(before == 0, block + 1, before).astype(failed.dtype), **DROP)
 
     def _spawn_params(self, term: Fork, consts: dict[str, Any], inv: dict[str, Any], stored: dict[str, Any],

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pcbatch.runtime.lanes import first_true, gather_rows, pad_rows, scatter_rows, where, with_columns
+from pcbatch.runtime.lanes import first_true, gather_rows, pad_rows, scatter_rows, take, where, with_columns
 from pcbatch.runtime.pool import ranks_by_slot, slot_of
 
 
@@ -47,6 +47,30 @@ def test_gather_scatter_pad_and_first_true():
     mask = jnp.array([False, True, True, False, True])
     np.testing.assert_array_equal(first_true(mask, 4), [1, 2, 4, 5])
     assert jax.tree_util.tree_structure(gather_rows({"a": x}, ids)) == jax.tree_util.tree_structure({"a": x})
+
+
+def test_take_equals_jax_fill_mode_gather():
+    """`take` (the machines' gathers) against JAX's own fill-mode indexing: one or two index
+    arrays of several shapes, a scalar index, trailing axes, indices past either end (negative
+    ones are out of range, not wrapped), int and float arrays, under x64 too (uint64 compares)."""
+    rng = np.random.default_rng(5)
+    a = rng.normal(size=(7, 5, 3)).astype(np.float32)
+    cases = [(rng.integers(-3, 10, 6).astype(np.int32),),
+             (rng.integers(-2, 9, (3, 4)).astype(np.int32),),
+             (rng.integers(-1, 8, 5).astype(np.int32), rng.integers(-1, 6, 5).astype(np.int32)),
+             (np.int32(3), rng.integers(0, 7, 4).astype(np.int32)),
+             (rng.integers(0, 9, (2, 1)).astype(np.int32), rng.integers(-1, 6, (1, 3)).astype(np.int32))]
+    for x64 in (False, True):
+        with jax.enable_x64(x64):
+            for arr in (a, (a * 10).astype(np.int32)):
+                for idx in cases:
+                    for fill in (0, -7):
+                        want = jnp.asarray(arr).at[idx].get(mode="fill", fill_value=fill, wrap_negative_indices=False)
+                        got = jax.jit(lambda x, *i: take(x, *i, fill=fill))(arr, *idx)
+                        assert got.dtype == want.dtype and got.shape == want.shape, (idx, got.shape, want.shape)
+                        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=str(idx))
+    key = jax.random.split(jax.random.key(0), 4)  # typed keys take JAX's own path
+    assert take(key, jnp.array([1, 4], jnp.int32)).shape == (2,)
 
 
 # Each example compiles: a few drawn, and the corners: the most places, rows and blocks

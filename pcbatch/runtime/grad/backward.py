@@ -10,7 +10,7 @@ from jax import lax
 from pcbatch.ir.core import INVARIANT, Join
 from pcbatch.runtime.dtypes import index_dtype, nbytes
 from pcbatch.runtime.block import block_dataflow
-from pcbatch.runtime.lanes import cast_to, gather_rows
+from pcbatch.runtime.lanes import cast_to, gather_rows, take
 from pcbatch.runtime.grad.floats import add_ct, convert_ct, floats, is_float, row_mask, with_floats, zeros_of
 from pcbatch.runtime.grad.plan import BlockGrad, Plan
 
@@ -60,14 +60,14 @@ class Backward:
             rows = tree_map(lambda a: jnp.where(row_mask(valid, a), a, a[:1]), rows)
             lane = jnp.where(valid, rows["lane"], M)
             example = rows["example"]
-            cts = {v: [c.at[lane].get(mode="fill", fill_value=0) for c in cot[v]]
+            cts = {v: [take(c, lane) for c in cot[v]]
                    for v in set(g.reg_in) | set(g.reg_out) | {a for _, _, a in g.spawn} if v in cot}
             extra_inv: dict[str, list] = {}
             extra_const: dict[str, list] = {}
             kids = jnp.where(valid[:, None], rows["kids"], M) if "kids" in rows else None
             spawned = jnp.where(valid[:, None], rows["spawned"], M) if "spawned" in rows else None
             for k, prm, a in g.spawn:  # 1. children's parameters -> the parent's arguments
-                c = convert_ct([x.at[spawned[:, k]].get(mode="fill", fill_value=0) for x in cot[prm]], types[prm], types[a])
+                c = convert_ct([take(x, spawned[:, k]) for x in cot[prm]], types[prm], types[a])
                 if a in cot:
                     cts[a] = add_ct(cts[a], c)
                 elif prog.var_class[a] == INVARIANT:
@@ -79,7 +79,7 @@ class Backward:
             own = {s: jnp.where(valid, p.event_base[s, g.index] + start + jnp.arange(w, dtype=index_dtype()),
                                 p.events[s]) for s in float_writes}
             ct_out = [x for v in g.reg_out for x in cts[v]] + [
-                x.at[own[s]].get(mode="fill", fill_value=0) for s in float_writes for x in acc[s]]
+                take(x, own[s]) for s in float_writes for x in acc[s]]
             # 3. its VJP on the rows
             inv_rows = {v: gather_rows(inv[v], example) for v in g.inv_in}
             cs = {v: consts[v] for v in g.const_in if v not in self.inert}

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pcbatch.runtime.lanes import gather_rows
+from pcbatch.runtime.lanes import gather_rows, take
 from pcbatch.runtime.state import Tape
 from pcbatch.runtime.grad.plan import BlockGrad, Plan
 
@@ -38,12 +38,12 @@ class Recorder:
                              log_count=tape.log_count.at[at].set(n, mode="drop"), t=t + recorded,
                              cursor=tape.cursor.at[block].add(jnp.where(recorded, n, 0)))
         if p.pool:
-            own = pre.lane.at[ids].get(mode="fill", fill_value=0)
+            own = take(pre.lane, ids)
             example = own[:, p.col.example]
             sp = {s: own[:, p.col.sp[s]] for s in p.layout.stacks}
         else:
             own, example = None, ids
-            sp = {s: x.at[ids].get(mode="fill", fill_value=0) for s, x in p.layout.pointers(pre.sps).items()}
+            sp = {s: take(x, ids) for s, x in p.layout.pointers(pre.sps).items()}
 
         def write(g: BlockGrad, w: int, on: jax.Array | None = None):
             """Block g's rows for the first `w` lanes (a width bucket >= n). With
@@ -55,9 +55,9 @@ class Recorder:
                 row: dict[str, Any] = {"lane": lanes, "example": ex,
                                        "reg": {v: gather_rows(pre.regs[v], lanes) for v in g.reg_in}}
                 slot = {s: jnp.maximum(sp[s][:w] - 1, 0) for s in g.reads}
-                row["top"] = {s: tree_map(lambda a: a.at[slot[s], lanes].get(mode="fill", fill_value=0),
+                row["top"] = {s: tree_map(lambda a: take(a, slot[s], lanes),
                                           pre.stacks[s]) for s in g.reads}
-                row["wid"] = {s: writer[s].at[slot[s], lanes].get(mode="fill", fill_value=p.events[s])
+                row["wid"] = {s: take(writer[s], slot[s], lanes, fill=p.events[s])
                               for s in g.reads if s in p.float_stacks}
                 if g.join is not None:
                     kids = own[:w, p.col.kids]
@@ -105,7 +105,7 @@ class Recorder:
         if not forks:
             return tape
         # A Fork's children: its rows of the lane table, after the step.
-        spawned = new.lane.at[taken["ids"]].get(mode="fill", fill_value=p.lanes)[:, p.col.kids]
+        spawned = take(new.lane, taken["ids"], fill=p.lanes)[:, p.col.kids]
         rows = dict(tape.rows)
         for g in forks:
             rows[g.index] = lax.cond(
