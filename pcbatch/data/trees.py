@@ -53,7 +53,7 @@ import os
 import sysconfig
 import warnings
 import zlib
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -104,10 +104,16 @@ class Chain(NamedTuple):
 def batch(items: Sequence[NamedTuple]) -> NamedTuple:
     """Stack trees (or lattices, or chains) of one padded size into one batch:
     every field gets a leading batch axis."""
+    if isinstance(items, tuple) and hasattr(items, "_fields") or not isinstance(items, Iterable):
+        raise TypeError(f"batch() takes a sequence of trees (or lattices, or chains), got "
+                        f"{type(items).__name__}: pass a list, e.g. data.batch([tree]) for one")
     items = list(items)
     if not items:
         raise ValueError("batch() needs at least one item")
     kind = type(items[0])
+    if not hasattr(kind, "_fields"):
+        raise TypeError(f"batch() items are data.Tree, data.Lattice or data.Chain (NamedTuples of arrays), "
+                        f"got {kind.__name__}")
     if any(type(t) is not kind for t in items):
         raise TypeError("batch() items must all be of one type")
     for name in kind._fields:

@@ -432,3 +432,7 @@ def test_batch_stacks_and_rejects_mixed_sizes():
     other = data.random_binary_trees(1, seed=0, max_leaves=20, max_nodes=41)
     with pytest.raises(ValueError):
         data.batch(trees + other)
+    # One tree, None, numbers: named TypeErrors, not `list(None)`'s or a missing `_fields`.
+    for bad, says in ((trees[0], "pass a list"), (None, "got NoneType"), ([1, 2], "got int")):
+        with pytest.raises(TypeError, match=says):
+            data.batch(bad)
