@@ -32,10 +32,16 @@ _LOOPING: "weakref.WeakSet[Callable]" = weakref.WeakSet()
 
 def note_loops(fn: Callable, jaxpr: Any) -> None:
     if any(eqn.primitive.name == "while" for eqn in all_eqns(jaxpr)):
-        try:
-            _LOOPING.add(fn)
-        except TypeError:  # not weakly referenceable: never marked
-            pass
+        mark_looping(fn)
+
+
+def mark_looping(fn: Callable) -> None:
+    """Note that `fn` runs a `while` loop: an op made of others (the memory layout's batched
+    runs) that runs one of theirs."""
+    try:
+        _LOOPING.add(fn)
+    except TypeError:  # not weakly referenceable: never marked
+        pass
 
 
 def has_loop(fn: Callable) -> bool:

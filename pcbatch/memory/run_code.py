@@ -11,6 +11,8 @@ from typing import Any
 import jax
 from jax import lax
 
+from pcbatch.ir.jaxtypes import has_loop, mark_looping
+
 from .graph import Atom, BlockGraph, Lit, bind, read
 from .groups import depths
 from .run_plan import GroupCode, Pack, Read
@@ -27,6 +29,8 @@ class BatchedRun:
 
     def __init__(self, g: BlockGraph, codes: list[GroupCode], outputs: tuple[str, ...]):
         self.g, self.outputs = g, outputs
+        if any(has_loop(op.fn) for op in g.ops):  # the machine runs it on running lanes' rows only
+            mark_looping(self)
         in_group = {m for c in codes for m in c.group.members}
         code_at = {c.group.members[0]: c for c in codes}  # members share a depth: emit at the first one
         d = depths(g)
