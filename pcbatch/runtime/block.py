@@ -98,7 +98,7 @@ class Ran(NamedTuple):
     finished: jax.Array
 
 
-def _valid_rows_only(vals: tuple, batched: tuple, valid: jax.Array) -> tuple:
+def valid_rows_only(vals: tuple, batched: tuple, valid: jax.Array) -> tuple:
     """The batched inputs with every row that does not run the block replaced
     by one that does: a `while` loop in the op runs until every row's ends,
     and a row not at the block holds values its example never brings there
@@ -119,7 +119,7 @@ def run_prim(op: Prim, read, types: Any, lanes: int | None, valid: jax.Array | N
     # batch axis to map over: jax.vmap refuses it as the only batched input.
     batched = tuple(b and bool(jax.tree_util.tree_leaves(x)) for x, b in zip(vals, batched))
     if any(batched) and valid is not None and has_loop(op.fn):
-        vals = _valid_rows_only(vals, batched, valid)
+        vals = valid_rows_only(vals, batched, valid)
     if any(batched):
         try:
             outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)

@@ -90,6 +90,26 @@ def test_while_loop_in_a_batched_run_runs_only_on_lanes_at_its_block(fork):
     np.testing.assert_allclose(np.asarray(f(xs, hs, ns)), want, rtol=1e-5)
 
 
+def collatz_into_buffer(buf, x, i, n):
+    v = x * (n <= 0)
+    if n <= 0:
+        buf = buf.at[i].set(jax.lax.while_loop(  # the register itself rewritten: in place
+            lambda c: c[0] != 1, lambda c: (jnp.where(c[0] % 2 == 0, c[0] // 2, 3 * c[0] + 1), c[1] + 1), (v, 0))[1])
+        return buf
+    return collatz_into_buffer(buf, x, i + 1, n - 1)
+
+
+def test_while_loop_in_an_in_place_update_runs_only_on_lanes_at_its_block():
+    """As above, in `buf.at[i].set(...)` on a register larger than `Tuning.large_register_bytes`,
+    which the plain machine updates in place under the lane mask: that path ran the loop on
+    every lane, and the call never ended."""
+    f = pcbatch.autobatch(collatz_into_buffer, fork=False)
+    bufs, xs, ns = jnp.zeros((4, 8192), jnp.int32), jnp.array([3, 5, 7, 6]), jnp.array([0, 1, 2, 1])
+    i0 = jnp.zeros(4, jnp.int32)
+    want = np.stack([np.asarray(collatz_into_buffer(b, x, i, n)) for b, x, i, n in zip(bufs, xs, i0, ns)])
+    np.testing.assert_array_equal(np.asarray(f(bufs, xs, i0, ns)), want)
+
+
 @pcbatch.autobatch(max_steps=2000)
 def range_trips(start, stop, step):
     c = 0
