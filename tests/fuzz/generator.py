@@ -213,8 +213,8 @@ class _Builder:
             return self.int_atom()
         if kind == "add":
             return f"({e()} + {e()})"
-        if kind == "sub":
-            return f"({e()} - {e()})"
+        if kind == "sub":  # `+ 0`: two `mixed_andor` bools, which jnp does not subtract
+            return f"({e()} - ({e()} + 0))"
         if kind == "mul":
             return f"({e()} * {e()} % 97)"
         if kind == "floordiv":
