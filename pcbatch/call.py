@@ -131,7 +131,7 @@ def run(fn: Function, bound: Bound, raise_errors: bool = False) -> tuple[Any, St
 def _run(fn: Function, bound: Bound, raise_errors: bool) -> tuple[Any, Status, StackProgram | None, int]:
     if bound.batch == 0:
         return (*run_empty(fn, bound), None, 0)
-    check_captured(fn)
+    captured = check_captured(fn)
     exe, inputs = fn.executable(bound)
     prog, batch = exe.prog, bound.batch
     leaves = tree_util.tree_leaves(inputs)
@@ -141,7 +141,9 @@ def _run(fn: Function, bound: Bound, raise_errors: bool) -> tuple[Any, Status, S
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
             # Forward mode alone differentiates the plain machine (JAX's jvp of a while loop: no
             # tape); anything else that may be differentiated goes through `grad.Differentiable`.
-            if differentiation.mode(leaves) != "forward" and is_float(inputs):
+            # A captured value in forward mode (`jax.jvp` inside `jax.jit`, with respect to it
+            # only) counts: the custom_jvp would close over its tracer, which then escapes.
+            if differentiation.mode(leaves + captured) != "forward" and is_float(inputs):
                 result, status = run_differentiable(fn, exe, inputs, bound, raise_errors)
             else:
                 result, status, _ = runner(exe, raise_errors)(inputs, exe.new_workspace())
@@ -155,14 +157,16 @@ def _run(fn: Function, bound: Bound, raise_errors: bool) -> tuple[Any, Status, S
     return result, status, prog, batch
 
 
-def check_captured(fn: Function) -> None:
+def check_captured(fn: Function) -> list[Any]:
     """A value the program captures (a closure's variable, a functools.partial's
     or a method's `self`) is a constant of the program: one being
     reverse-differentiated (`jax.grad` of the caller with respect to it)
     has no argument for its cotangent to reach. A named error, not JAX's.
-    (Only under a transformation: a NUTS call's closure takes ~40 us to walk.)"""
+    Returns the captured values' tracers (none outside transformations: a NUTS
+    call's closure takes ~40 us to walk)."""
     if differentiation.outside_transformations():
-        return
+        return []
+    out = []
     for name, value in differentiation.captured(fn.target.fn, fn.target.constants):
         found = differentiation.tracers(tree_util.tree_leaves(value))
         if differentiation.REVERSE and any(isinstance(x, differentiation.REVERSE) for x in found):
@@ -174,6 +178,8 @@ def check_captured(fn: Function) -> None:
                 "`autobatch(f, in_axes=(None, 0))(params, x)` with `def f(params, x)` (a method: a function "
                 "taking the object's parameters as its first argument). jax.jit, jax.vmap and forward mode "
                 "(jax.jvp) work with captured values too.")
+        out += found
+    return out
 
 
 def run_eagerly(fn: Function, exe: Executable, bound: Bound, plain_call: bool) -> tuple[Any, Status, StackProgram]:

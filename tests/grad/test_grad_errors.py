@@ -259,6 +259,10 @@ def test_reverse_mode_through_a_captured_value_is_a_named_error(loss):
     primal, tangent = jax.jvp(loss, (2.0,), (1.0,))
     want_primal, want_tangent = jax.jvp(_reference, (2.0,), (1.0,))
     np.testing.assert_allclose([primal, tangent], [want_primal, want_tangent], rtol=1e-6)
+    # jvp inside jit, with respect to the captured value only (the call's own arguments are not
+    # differentiated): the tangent's tracer escaped through the gradient machine's custom_jvp.
+    primal, tangent = jax.jit(lambda w: jax.jvp(loss, (w,), (1.0,)))(2.0)
+    np.testing.assert_allclose([primal, tangent], [want_primal, want_tangent], rtol=1e-6)
 
 
 def guarded_power(w, x, n):
