@@ -182,6 +182,21 @@ def check_captured(fn: Function) -> list[Any]:
     return out
 
 
+def check_captured_stale(fn: Function) -> None:
+    """When the call is differentiated in a trace other than the one that traced it (`jax.grad`
+    of a `jax.jit`ted caller traces the jit's program again): a captured value of the first
+    trace cannot reach the recorded forward. A named error, not JAX's "No constant handler"."""
+    for name, value in differentiation.captured(fn.target.fn, fn.target.constants):
+        if any(map(differentiation.stale, differentiation.tracers(tree_util.tree_leaves(value)))):
+            raise ArgumentError(
+                fn.name, f"`{name}` is captured by the function (a closure variable, a functools.partial "
+                         "argument or a method's object) and holds a value of a jax.jit whose program is "
+                         "differentiated after it was traced (jax.grad of a jitted function): the gradient "
+                         "pass is traced again there, where the first trace's values cannot be read",
+                "pass it as an argument with in_axes=None (shared by the batch): `autobatch(f, in_axes=(None, "
+                "0))(params, x)` with `def f(params, x)`.")
+
+
 def run_eagerly(fn: Function, exe: Executable, bound: Bound, plain_call: bool) -> tuple[Any, Status, StackProgram]:
     """Run `exe` outside any trace. Where the stack budget caps its pool, first on shallow stacks
     (`first_stack_depth`: more lanes in the same memory), and again on full ones only if a lane
@@ -261,7 +276,7 @@ def run_differentiable(fn: Function, exe: Executable, inputs: dict[str, Any], bo
             concrete = Bound({p: inputs[q] for q, p in names.items()}, bound.batched, batch)
             failures.raise_for(status, prog, concrete, fn.options)
 
-    result, status, need = exe.gradient_machine()(inputs, primal, check)
+    result, status, need = exe.gradient_machine()(inputs, primal, check, lambda: check_captured_stale(fn))
     # A tape that overflowed inside jit could not grow: its gradients are NaN.
     checkify.check(need == 0, "pcbatch: the gradient tape overflowed; pass tape_size={need} or more to "
                    "pcbatch.autobatch (rows per block per example; see f.tape_info)", need=need, debug=True)

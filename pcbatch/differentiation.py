@@ -53,6 +53,36 @@ def tracers(leaves: list[Any]) -> list[jax.core.Tracer]:
     return out
 
 
+def _current_trace() -> Any:
+    """The trace JAX is tracing with now (private: guarded; None where unknown)."""
+    try:
+        from jax._src import core
+        return core.trace_ctx.trace
+    except (ImportError, AttributeError):
+        return None
+
+
+def stale(tracer: jax.core.Tracer) -> bool:
+    """Whether `tracer` is a staged value (a `jax.jit`'s) of no trace running now: not the
+    current one nor one it nests in, as when `jax.grad` of a jitted function traces the jit's
+    jaxpr again. Conservative: False wherever JAX's trace chain cannot be followed."""
+    if not isinstance(tracer, _STAGED):
+        return False
+    mine, trace = getattr(tracer, "_trace", None), _current_trace()
+    if mine is None or trace is None:
+        return False
+    while trace is not None:
+        if trace is mine:
+            return False
+        if not hasattr(trace, "parent_trace"):
+            return type(trace).__name__ == "EvalTrace"  # the root: `mine` is not in the chain
+        trace = trace.parent_trace
+    return True
+
+
+_STAGED: tuple[type, ...] = _classes("jax._src.interpreters.partial_eval", "DynamicJaxprTracer")
+
+
 def mode(leaves: list[Any]) -> str | None:
     """How the inputs are being differentiated: "forward" (only `jax.jvp` /
     `jax.jacfwd`), "mixed" (forward and reverse together, as `jax.hessian`)

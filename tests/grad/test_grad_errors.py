@@ -250,7 +250,9 @@ def test_reverse_mode_through_a_captured_value_is_a_named_error(loss):
     constant of the program: jax.grad with respect to it raises ArgumentError naming it, eager
     and under jit (JAX's own errors were a ValueError about compiler options or while loops);
     jit, vmap and jvp over it give the per-example Python's values."""
-    for grad in (jax.grad(loss), jax.jit(jax.grad(loss))):
+    # jax.grad of the jitted loss too (JAX traces the jit's program again to differentiate it:
+    # a raw "No constant handler" TypeError before).
+    for grad in (jax.grad(loss), jax.jit(jax.grad(loss)), jax.grad(jax.jit(loss))):
         with pytest.raises(pcbatch.ArgumentError, match="captured by the function") as err:
             grad(2.0)
         assert "w" in str(err.value) or "self" in str(err.value)
@@ -263,6 +265,36 @@ def test_reverse_mode_through_a_captured_value_is_a_named_error(loss):
     # differentiated): the tangent's tracer escaped through the gradient machine's custom_jvp.
     primal, tangent = jax.jit(lambda w: jax.jvp(loss, (w,), (1.0,)))(2.0)
     np.testing.assert_allclose([primal, tangent], [want_primal, want_tangent], rtol=1e-6)
+
+
+def _captures_y(w, y):
+    """`y` captured, `w` an argument (shared by the batch)."""
+    def inner(w, x, n):
+        acc = x * w
+        for _ in range(n):
+            acc = jnp.tanh(acc * w + y)
+        return acc
+    return pcbatch.autobatch(inner, in_axes=(None, 0, 0))(w, _X, _N).sum()
+
+
+def _captures_y_reference(w, y):
+    total = 0.0
+    for x, n in zip(_X, _N):
+        acc = x * w
+        for _ in range(int(n)):
+            acc = jnp.tanh(acc * w + y)
+        total = total + acc
+    return total
+
+
+def test_a_captured_value_not_differentiated_under_jit_and_grad():
+    """A captured value that is not differentiated: jax.grad inside jax.jit equals the
+    per-example Python's; jax.grad of the jitted function traces the jit's program again,
+    where the captured value cannot be read: a named error (a raw TypeError before)."""
+    want = jax.grad(_captures_y_reference)(0.7, 0.2)
+    np.testing.assert_allclose(jax.jit(jax.grad(_captures_y))(0.7, 0.2), want, rtol=1e-5)
+    with pytest.raises(pcbatch.ArgumentError, match="`y` is captured by the function"):
+        jax.grad(jax.jit(_captures_y))(0.7, 0.2)
 
 
 def guarded_power(w, x, n):

@@ -115,10 +115,12 @@ class Differentiable:
         (ct,) = pull((ct_const, ct_inv, {p: ct_regs[p] for p in entry}))
         return ct
 
-    def __call__(self, inputs: dict[str, Any], primal: Callable, check: Callable) -> tuple[Any, Any, jax.Array]:
+    def __call__(self, inputs: dict[str, Any], primal: Callable, check: Callable,
+                 on_jvp: Callable[[], None] = lambda: None) -> tuple[Any, Any, jax.Array]:
         """`(result, status, need)`: `need` is 0, or (differentiated, the tape
         overflowed inside jit) the `tape_size` this call needs; the caller
-        reports it (checkify), the gradients are NaN."""
+        reports it (checkify), the gradients are NaN. `on_jvp()` runs first when the
+        call is differentiated (the caller's checks; it may raise)."""
 
         @jax.custom_jvp
         def call(inputs):
@@ -127,6 +129,7 @@ class Differentiable:
         @call.defjvp
         def jvp(primals, tangents):
             (inputs,), (dinputs,) = primals, tangents
+            on_jvp()
             (result, status, need), tape, tape_size = self._record(inputs, check)
             residuals, tree = tree_util.tree_flatten((inputs, status, tape))
             rule = Linear(functools.partial(self._tangents, tree, primal),
