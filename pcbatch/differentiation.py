@@ -32,6 +32,7 @@ def _classes(module: str, *names: str) -> tuple[type, ...]:
 FORWARD: tuple[type, ...] = _classes("jax._src.interpreters.ad", "JVPTracer")
 REVERSE: tuple[type, ...] = (_classes("jax._src.interpreters.ad", "LinearizeTracer")
                              + _classes("jax._src.interpreters.partial_eval", "JaxprTracer"))
+STAGED: tuple[type, ...] = _classes("jax._src.interpreters.partial_eval", "DynamicJaxprTracer")  # jax.jit's
 
 
 def is_tracer(x: Any) -> bool:
@@ -66,7 +67,7 @@ def stale(tracer: jax.core.Tracer) -> bool:
     """Whether `tracer` is a staged value (a `jax.jit`'s) of no trace running now: not the
     current one nor one it nests in, as when `jax.grad` of a jitted function traces the jit's
     jaxpr again. Conservative: False wherever JAX's trace chain cannot be followed."""
-    if not isinstance(tracer, _STAGED):
+    if not STAGED or not isinstance(tracer, STAGED):
         return False
     mine, trace = getattr(tracer, "_trace", None), _current_trace()
     if mine is None or trace is None:
@@ -78,9 +79,6 @@ def stale(tracer: jax.core.Tracer) -> bool:
             return type(trace).__name__ == "EvalTrace"  # the root: `mine` is not in the chain
         trace = trace.parent_trace
     return True
-
-
-_STAGED: tuple[type, ...] = _classes("jax._src.interpreters.partial_eval", "DynamicJaxprTracer")
 
 
 def mode(leaves: list[Any]) -> str | None:
