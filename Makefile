@@ -25,7 +25,7 @@ test: $(STAMP)
 
 # The combinations `make test` leaves out of its cross products (schedulers x programs, fork modes x programs).
 test-matrix: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m matrix
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n 2 --dist loadfile -m matrix
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py

@@ -67,7 +67,7 @@ def stale(tracer: jax.core.Tracer) -> bool:
     """Whether `tracer` is a staged value (a `jax.jit`'s) of no trace running now: not the
     current one nor one it nests in, as when `jax.grad` of a jitted function traces the jit's
     jaxpr again. Conservative: False wherever JAX's trace chain cannot be followed."""
-    if not STAGED or not isinstance(tracer, STAGED):
+    if not isinstance(tracer, STAGED):
         return False
     mine, trace = getattr(tracer, "_trace", None), _current_trace()
     if mine is None or trace is None:

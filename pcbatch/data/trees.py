@@ -104,7 +104,7 @@ class Chain(NamedTuple):
 def batch(items: Sequence[NamedTuple]) -> NamedTuple:
     """Stack trees (or lattices, or chains) of one padded size into one batch:
     every field gets a leading batch axis."""
-    if isinstance(items, tuple) and hasattr(items, "_fields") or not isinstance(items, Iterable):
+    if (isinstance(items, tuple) and hasattr(items, "_fields")) or not isinstance(items, Iterable):
         raise TypeError(f"batch() takes a sequence of trees (or lattices, or chains), got "
                         f"{type(items).__name__}: pass a list, e.g. data.batch([tree]) for one")
     items = list(items)

@@ -98,12 +98,13 @@ class Ran(NamedTuple):
     finished: jax.Array
 
 
-def valid_rows_only(vals: tuple, batched: tuple, valid: jax.Array) -> tuple:
-    """The batched inputs with every row that does not run the block replaced
-    by one that does: a `while` loop in the op runs until every row's ends,
-    and a row not at the block holds values its example never brings there
-    (`v = 0` on the path that skips the loop): a loop that Python never runs
-    might not end."""
+def loop_safe_inputs(op: Prim, vals: tuple, batched: tuple, valid: jax.Array | None) -> tuple:
+    """`op`'s inputs; where its JAX code holds a `while` loop, the batched ones with every
+    row that does not run the block (`valid` False) replaced by one that does: the loop runs
+    until every row's ends, and a row not at the block holds values its example never brings
+    there (`v = 0` on the path that skips the loop): a loop that Python never runs might not end."""
+    if not any(batched) or valid is None or not has_loop(op.fn):
+        return vals
     first = jnp.argmax(valid)
     keep = lambda a: jnp.where(valid.reshape(valid.shape + (1,) * (a.ndim - 1)), a, a[first])  # noqa: E731
     return tuple(jax.tree_util.tree_map(keep, x) if b else x for x, b in zip(vals, batched))
@@ -118,8 +119,7 @@ def run_prim(op: Prim, read, types: Any, lanes: int | None, valid: jax.Array | N
     # A value with no leaves (None: what a function that returns nothing returns) has no
     # batch axis to map over: jax.vmap refuses it as the only batched input.
     batched = tuple(b and bool(jax.tree_util.tree_leaves(x)) for x, b in zip(vals, batched))
-    if any(batched) and valid is not None and has_loop(op.fn):
-        vals = valid_rows_only(vals, batched, valid)
+    vals = loop_safe_inputs(op, vals, batched, valid)
     if any(batched):
         try:
             outs = jax.vmap(op.fn, in_axes=tuple(0 if x else None for x in batched))(*vals)

@@ -24,8 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pcbatch.fsm.base import Frontier, bind
-from pcbatch.ir.jaxtypes import has_loop
-from pcbatch.runtime.block import Codes, Rows, execute, valid_rows_only
+from pcbatch.runtime.block import Codes, Rows, execute, loop_safe_inputs
 from pcbatch.runtime.dtypes import index_dtype, nbytes
 from pcbatch.runtime.inplace import masked_update
 from pcbatch.runtime.config import MachineConfig, Status
@@ -82,8 +81,7 @@ def _masked_plan(block: Block, types: Any, large: set[str]) -> tuple[dict[int, A
 def _masked_prim(fn: Any, active: jax.Array, types: Any, op: Prim, get: Any) -> dict[str, Any]:
     vals, batched = zip(*(get(v) for v in op.ins))
     vals = tuple(as_typed(x, types[v]) if is_weak(types[v]) else x for v, x in zip(op.ins, vals))
-    if has_loop(op.fn):  # as `run_prim`: a loop on a row not at the block might never end
-        vals = valid_rows_only(vals, batched, active)
+    vals = loop_safe_inputs(op, vals, batched, active)  # as `run_prim` does
     outs = jax.vmap(fn, in_axes=(0,) + tuple(0 if x else None for x in batched))(active, *vals)
     return {v: cast_to(x, types[v], None) for v, x in zip(op.outs, outs)}
 
